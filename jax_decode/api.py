@@ -1,0 +1,126 @@
+"""``decode_attention``: paged decode attention for JAX, usable inside ``jax.jit``.
+
+Dimension names::
+
+    batch       rows decoded in this step (one new query token each)
+    num_heads   query heads;  num_kv_heads divides it (GQA / MQA; MHA when equal)
+    head_dim_qk q and k width;  head_dim_v: v and output width (MLA: 576 and 512)
+    num_pages, page_size   the paged cache;  max_pages: page-table width
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from jax_decode.launch import DeviceInfo, make_launch_config
+from jax_decode.validation import check_decode_args, check_num_kv_splits
+
+Backend = Literal["auto", "triton", "xla", "interpret"]
+BACKENDS = ("auto", "triton", "xla", "interpret")
+
+
+def decode_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array | None,
+    page_table: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    num_kv_splits: int | None = None,
+    head_dim_v: int | None = None,
+    return_lse: bool = False,
+    backend: Backend = "auto",
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Attention of one new query token per row over that row's paged KV cache.
+
+    Args:
+      q: ``[batch, num_heads, head_dim_qk]``, float16, bfloat16 or float32.
+      k_cache: ``[num_pages, page_size, num_kv_heads, head_dim_qk]``, q's dtype.
+      v_cache: ``[num_pages, page_size, num_kv_heads, head_dim_v]``, q's dtype; or
+        ``None`` with ``head_dim_v`` set, meaning V is ``k_cache[..., :head_dim_v]``
+        (MLA's shared latent cache; read without a copy).
+      page_table: int32 ``[batch, max_pages]``; row ``b``'s token ``t`` lives in page
+        ``page_table[b, t // page_size]``, slot ``t % page_size``.  Entries should be
+        in ``[0, num_pages)``; tokens on pages outside it are left out of the softmax.
+      seq_lens: int32 ``[batch]``: tokens per row, clamped to ``[0, max_pages * page_size]``.
+        A row of length 0 returns zeros (and LSE ``-inf``).
+      sm_scale: score scale; defaults to ``1/sqrt(head_dim_qk)``.
+      logit_cap: if > 0, scores become ``logit_cap * tanh(score / logit_cap)``.
+      num_kv_splits: KV splits of stage 1; ``None`` lets the launch config choose.
+      head_dim_v: width of V; needed when ``v_cache`` is None.
+      return_lse: also return the natural log-sum-exp of the scaled scores.
+      backend: ``"triton"`` (the kernels via jax_triton; CUDA/ROCm), ``"xla"`` (plain
+        JAX, any platform), ``"interpret"`` (the kernels in Triton's interpreter on the
+        host; needs torch; for testing), or ``"auto"``: triton on GPU, xla elsewhere,
+        chosen when the function is lowered for a platform.
+
+    Returns:
+      ``out [batch, num_heads, head_dim_v]`` in q's dtype, and with ``return_lse``
+      also ``lse`` float32 ``[batch, num_heads]``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    problem = check_decode_args(
+        q_shape=q.shape,
+        q_dtype=q.dtype,
+        k_shape=k_cache.shape,
+        k_dtype=k_cache.dtype,
+        v_shape=None if v_cache is None else v_cache.shape,
+        v_dtype=None if v_cache is None else v_cache.dtype,
+        page_table_shape=page_table.shape,
+        page_table_dtype=page_table.dtype,
+        seq_lens_shape=seq_lens.shape,
+        seq_lens_dtype=seq_lens.dtype,
+        head_dim_v=head_dim_v,
+        sm_scale=sm_scale,
+        logit_cap=logit_cap,
+    )
+    num_kv_splits = check_num_kv_splits(num_kv_splits)
+    args = (q, k_cache, v_cache, page_table, seq_lens)
+
+    if problem.batch == 0:
+        out = jnp.zeros((0, problem.num_heads, problem.head_dim_v), q.dtype)
+        lse = jnp.zeros((0, problem.num_heads), jnp.float32)
+    elif backend == "xla":
+        from jax_decode.xla_backend import decode_attention_xla
+
+        out, lse = decode_attention_xla(*args, problem)
+    elif backend == "interpret":
+        from jax_decode.interpret_backend import decode_attention_interpret
+
+        config = make_launch_config(problem, DeviceInfo.interpreter(), num_kv_splits)
+        out, lse = decode_attention_interpret(*args, config)
+    else:
+        from jax_decode import triton_backend
+
+        device = triton_backend.target_device()
+        usable = device is not None and triton_backend.jax_triton_available()
+        if backend == "triton" and not usable:
+            raise ValueError(
+                "backend='triton' needs jax_triton and a GPU visible to JAX (or a "
+                "jax_decode.compile_target(...) to lower for one); use backend='xla' on CPU"
+            )
+        if usable:
+            from jax_decode.xla_backend import decode_attention_xla
+
+            config = make_launch_config(problem, device, num_kv_splits)
+
+            def on_gpu():
+                return triton_backend.decode_attention_triton(*args, config)
+
+            if backend == "triton":
+                out, lse = on_gpu()
+            else:  # auto: both staged out; lowering keeps the one for its platform
+                out, lse = jax.lax.platform_dependent(
+                    cuda=on_gpu, rocm=on_gpu, default=lambda: decode_attention_xla(*args, problem)
+                )
+        else:
+            from jax_decode.xla_backend import decode_attention_xla
+
+            out, lse = decode_attention_xla(*args, problem)
+    return (out, lse) if return_lse else out

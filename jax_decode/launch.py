@@ -1,0 +1,325 @@
+"""Launch configuration: plain Python on ints, shared by every frontend.
+
+From a :class:`DecodeProblem` (shapes, dtypes, scalars) and a :class:`DeviceInfo` this
+module computes everything a launch needs -- kernel variant, block sizes, warps,
+stages, number of KV splits, grids and the constexpr arguments -- so that the JAX
+frontend, the torch frontend and the interpreter backend launch the very same kernels
+with the very same parameters (and so give bit-identical results).
+
+Nothing here imports a framework or Triton; the objects are frozen and hashable, so
+they can be ``jax.jit`` static arguments and cache keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+Variant = Literal["mha", "grouped"]
+
+# Upper bound for automatically chosen splits: stage 2 reads every split, and more
+# splits than this never pays for itself on current GPUs.
+MAX_AUTO_KV_SPLITS = 64
+# Explicit num_kv_splits are accepted up to this value.
+MAX_KV_SPLITS = 256
+# Each automatically chosen split gets at least this many KV blocks of work.
+MIN_BLOCKS_PER_SPLIT = 4
+# tl.dot needs at least 16 along each dimension.
+MIN_DOT_DIM = 16
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """What the launch heuristics need to know about the device.
+
+    ``vendor`` is ``"nvidia"``, ``"amd"`` or ``"cpu"`` (Triton's interpreter);
+    ``compute_capability`` is e.g. 90 for sm_90 (None on the CPU); ``num_sms`` is the
+    number of streaming multiprocessors (compute units; CPU cores for the interpreter).
+    """
+
+    vendor: Literal["nvidia", "amd", "cpu"]
+    compute_capability: int | None
+    num_sms: int
+
+    @classmethod
+    def interpreter(cls) -> DeviceInfo:
+        # A fixed stand-in, so interpreter launches (and the parity tests built on
+        # them) do not depend on the host's core count.
+        return cls(vendor="cpu", compute_capability=None, num_sms=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeProblem:
+    """Static description of one decode-attention call (shapes, dtypes, scalars)."""
+
+    batch: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    num_pages: int
+    page_size: int
+    max_pages: int
+    dtype: str  # q, cache and output dtype name: "float16", "bfloat16", "float32"
+    v_from_k: bool  # V is k_cache[..., :head_dim_v] (MLA): no separate V array
+    sm_scale: float
+    logit_cap: float
+
+    @property
+    def kv_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def capacity(self) -> int:
+        """Most tokens one row can hold: max_pages * page_size."""
+        return self.max_pages * self.page_size
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelStrides:
+    """Element strides of every array the kernels address (last dims are contiguous)."""
+
+    q: tuple[int, int]  # batch, head
+    k: tuple[int, int, int]  # page, slot, kv head
+    v: tuple[int, int, int]  # page, slot, kv head
+    page_table: int  # batch
+    mid_o: tuple[int, int, int]  # batch, head, split
+    mid_lse: tuple[int, int, int]  # batch, head, split
+    out: tuple[int, int]  # batch, head
+    lse: tuple[int, int]  # batch, head
+
+    @classmethod
+    def contiguous(cls, problem: DecodeProblem, num_kv_splits: int) -> KernelStrides:
+        """Strides of row-major arrays (every JAX array; default torch tensors)."""
+        p = problem
+        k_slot = p.num_kv_heads * p.head_dim_qk
+        v_width = p.head_dim_qk if p.v_from_k else p.head_dim_v
+        v_slot = p.num_kv_heads * v_width
+        return cls(
+            q=(p.num_heads * p.head_dim_qk, p.head_dim_qk),
+            k=(p.page_size * k_slot, k_slot, p.head_dim_qk),
+            v=(p.page_size * v_slot, v_slot, v_width),
+            page_table=p.max_pages,
+            mid_o=(p.num_heads * num_kv_splits * p.head_dim_v, num_kv_splits * p.head_dim_v, p.head_dim_v),
+            mid_lse=(p.num_heads * num_kv_splits, num_kv_splits, 1),
+            out=(p.num_heads * p.head_dim_v, p.head_dim_v),
+            lse=(p.num_heads, 1),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel launch: which kernel, on which grid, with which compile options."""
+
+    kernel_name: str  # a key of kernels.STAGE1_KERNELS, or "stage2"
+    grid: tuple[int, int, int]
+    num_warps: int
+    num_stages: int
+    constexprs: tuple[tuple[str, object], ...]
+
+    def meta(self) -> dict[str, object]:
+        return dict(self.constexprs)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """Everything both stages need, for one problem on one device."""
+
+    problem: DecodeProblem
+    device: DeviceInfo
+    variant: Variant
+    block_n: int
+    block_h: int  # query heads per program (1 for "mha")
+    head_blocks: int  # programs per KV head along the head axis
+    block_dmodel: int
+    block_dpe: int  # second part of head_dim_qk (0: none), e.g. 64 for MLA's 576
+    block_dv: int
+    num_warps: int
+    num_stages: int
+    num_kv_splits: int
+    stage2_num_warps: int
+
+    @property
+    def stage1_grid(self) -> tuple[int, int, int]:
+        p = self.problem
+        if self.variant == "mha":
+            return (p.batch, p.num_heads, self.num_kv_splits)
+        return (p.batch, p.num_kv_heads * self.head_blocks, self.num_kv_splits)
+
+    @property
+    def stage2_grid(self) -> tuple[int, int, int]:
+        return (self.problem.batch, self.problem.num_heads, 1)
+
+    @property
+    def mid_o_shape(self) -> tuple[int, int, int, int]:
+        p = self.problem
+        return (p.batch, p.num_heads, self.num_kv_splits, p.head_dim_v)
+
+    @property
+    def mid_lse_shape(self) -> tuple[int, int, int]:
+        p = self.problem
+        return (p.batch, p.num_heads, self.num_kv_splits)
+
+    def contiguous_strides(self) -> KernelStrides:
+        return KernelStrides.contiguous(self.problem, self.num_kv_splits)
+
+    def stage1(self, strides: KernelStrides) -> KernelLaunch:
+        p = self.problem
+        meta: dict[str, object] = dict(
+            STRIDE_QB=strides.q[0],
+            STRIDE_QH=strides.q[1],
+            STRIDE_KP=strides.k[0],
+            STRIDE_KS=strides.k[1],
+            STRIDE_KH=strides.k[2],
+            STRIDE_VP=strides.v[0],
+            STRIDE_VS=strides.v[1],
+            STRIDE_VH=strides.v[2],
+            STRIDE_PTB=strides.page_table,
+            STRIDE_MOB=strides.mid_o[0],
+            STRIDE_MOH=strides.mid_o[1],
+            STRIDE_MOS=strides.mid_o[2],
+            STRIDE_MLB=strides.mid_lse[0],
+            STRIDE_MLH=strides.mid_lse[1],
+            STRIDE_MLS=strides.mid_lse[2],
+            SM_SCALE=float(p.sm_scale),
+            LOGIT_CAP=float(p.logit_cap),
+            KV_GROUP=p.kv_group,
+            HEAD_DIM_QK=p.head_dim_qk,
+            HEAD_DIM_V=p.head_dim_v,
+            BLOCK_DMODEL=self.block_dmodel,
+            BLOCK_DPE=self.block_dpe,
+            BLOCK_DV=self.block_dv,
+            BLOCK_N=self.block_n,
+            PAGE_SIZE=p.page_size,
+            CAPACITY=p.capacity,
+            NUM_KV_SPLITS=self.num_kv_splits,
+        )
+        if self.variant == "grouped":
+            meta.update(
+                BLOCK_H=self.block_h,
+                HEAD_BLOCKS=self.head_blocks,
+                V_FROM_K=self.reuse_k_as_v,
+                # fp32 tl.dot would otherwise round its inputs to tf32.
+                DOT_PRECISION="ieee" if p.dtype == "float32" else "tf32",
+                DOT_UPCAST=self.device.vendor == "cpu" and p.dtype == "bfloat16",
+            )
+        return KernelLaunch(self.variant, self.stage1_grid, self.num_warps, self.num_stages, tuple(meta.items()))
+
+    def stage2(self, strides: KernelStrides) -> KernelLaunch:
+        meta = dict(
+            STRIDE_MOB=strides.mid_o[0],
+            STRIDE_MOH=strides.mid_o[1],
+            STRIDE_MOS=strides.mid_o[2],
+            STRIDE_MLB=strides.mid_lse[0],
+            STRIDE_MLH=strides.mid_lse[1],
+            STRIDE_MLS=strides.mid_lse[2],
+            STRIDE_OB=strides.out[0],
+            STRIDE_OH=strides.out[1],
+            STRIDE_LB=strides.lse[0],
+            STRIDE_LH=strides.lse[1],
+            HEAD_DIM_V=self.problem.head_dim_v,
+            BLOCK_DV=self.block_dv,
+            BLOCK_S=next_power_of_2(self.num_kv_splits),
+            NUM_KV_SPLITS=self.num_kv_splits,
+        )
+        return KernelLaunch("stage2", self.stage2_grid, self.stage2_num_warps, 1, tuple(meta.items()))
+
+    @property
+    def reuse_k_as_v(self) -> bool:
+        """MLA: the K tile already loaded holds V, so V is not read a second time."""
+        p = self.problem
+        return (
+            self.variant == "grouped"
+            and p.v_from_k
+            and p.head_dim_v == self.block_dmodel
+            and self.block_dv == self.block_dmodel
+        )
+
+
+def split_head_dim(head_dim: int) -> tuple[int, int]:
+    """(BLOCK_DMODEL, BLOCK_DPE): cover head_dim with one or two power-of-two blocks.
+
+    576 -> (512, 64) and 288 -> (256, 32) as MLA lays them out; 96 -> (64, 32) and
+    192 -> (128, 64) waste no lanes; anything else rounds up to a power of two and
+    masks the tail (112 -> (128, 0)).
+    """
+    main = max(MIN_DOT_DIM, next_power_of_2(head_dim))
+    if main == head_dim or head_dim <= MIN_DOT_DIM:
+        return main, 0
+    main //= 2
+    rest = head_dim - main
+    if rest >= MIN_DOT_DIM and next_power_of_2(rest) == rest:
+        return main, rest
+    return 2 * main, 0
+
+
+def choose_num_kv_splits(
+    problem: DecodeProblem, device: DeviceInfo, programs_per_split: int, block_n: int
+) -> int:
+    """Enough splits to fill the device about twice, but never splits of < a few blocks."""
+    target_programs = 2 * device.num_sms
+    wanted = cdiv(target_programs, max(programs_per_split, 1))
+    most_useful = max(1, cdiv(problem.capacity, block_n * MIN_BLOCKS_PER_SPLIT))
+    return max(1, min(wanted, most_useful, MAX_AUTO_KV_SPLITS))
+
+
+def make_launch_config(
+    problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None = None
+) -> LaunchConfig:
+    """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one."""
+    p = problem
+    if num_kv_splits is not None and not 1 <= num_kv_splits <= MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits ({num_kv_splits}) must be in [1, {MAX_KV_SPLITS}]")
+    block_dmodel, block_dpe = split_head_dim(p.head_dim_qk)
+    block_dv = max(MIN_DOT_DIM, next_power_of_2(p.head_dim_v))
+    if p.v_from_k and p.head_dim_v == block_dmodel:
+        block_dv = block_dmodel
+
+    if p.kv_group == 1:
+        variant: Variant = "mha"
+        block_h, head_blocks = 1, 1
+        block_n = 64
+        num_warps = 4
+        programs_per_split = p.batch * p.num_heads
+    else:
+        variant = "grouped"
+        # Fit the head block to the group (one KV read serves every head of it), but
+        # keep the fp32 accumulator [BLOCK_H, BLOCK_DV] within what registers hold.
+        max_block_h = max(MIN_DOT_DIM, 8192 // block_dv)
+        block_h = min(max(MIN_DOT_DIM, next_power_of_2(p.kv_group)), max_block_h)
+        head_blocks = cdiv(p.kv_group, block_h)
+        block_n = 16 if block_dmodel + block_dpe > 256 and device.vendor == "amd" else 32
+        num_warps = 4
+        programs_per_split = p.batch * p.num_kv_heads * head_blocks
+
+    if num_kv_splits is None:
+        num_kv_splits = choose_num_kv_splits(p, device, programs_per_split, block_n)
+
+    return LaunchConfig(
+        problem=p,
+        device=device,
+        variant=variant,
+        block_n=block_n,
+        block_h=block_h,
+        head_blocks=head_blocks,
+        block_dmodel=block_dmodel,
+        block_dpe=block_dpe,
+        block_dv=block_dv,
+        num_warps=num_warps,
+        num_stages=2,
+        num_kv_splits=num_kv_splits,
+        stage2_num_warps=4 if block_dv >= 256 else 2,
+    )
+
+
+def default_sm_scale(head_dim_qk: int) -> float:
+    return 1.0 / math.sqrt(head_dim_qk)

@@ -1,0 +1,92 @@
+"""Launch the kernels on torch tensors: CUDA tensors compiled, CPU tensors interpreted.
+
+Used by the ``"interpret"`` JAX backend (host arrays wrapped as CPU tensors) and by
+``torch_bridge``.  Imports torch only when called, so ``jax_decode`` never needs it.
+The launch parameters all come from :class:`jax_decode.launch.LaunchConfig`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+from jax_decode import kernels
+from jax_decode.launch import KernelLaunch, KernelStrides, LaunchConfig
+
+
+_INTERPRETER_LOCK = threading.Lock()
+
+
+@functools.cache
+def _interpreted(fn):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(fn)
+
+
+@contextlib.contextmanager
+def _interpreting():
+    """Run jitted helpers (ours and triton.language's, e.g. tl.sum) interpreted too.
+
+    TRITON_INTERPRET is read when functions are decorated, long before we run; a
+    kernel wrapped in InterpretedFunction still calls its @triton.jit helpers as
+    JITFunctions, which refuse to run outside a compiled kernel.  For the duration of
+    an interpreted launch (under a lock: the interpreter patches triton.language
+    globally) a helper call is routed to the interpreted version of the same function.
+    """
+    from triton.runtime.jit import JITFunction
+
+    with _INTERPRETER_LOCK:
+        original = JITFunction.__call__
+        JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted(self.fn)(*args, **kwargs)
+        try:
+            yield
+        finally:
+            JITFunction.__call__ = original
+
+
+def _kernel(kernel_name: str):
+    if kernel_name == "stage2":
+        return kernels.STAGE2_KERNEL
+    return kernels.STAGE1_KERNELS[kernel_name]
+
+
+def _run(launch: KernelLaunch, args: tuple, interpret: bool) -> None:
+    kernel = _kernel(launch.kernel_name)
+    options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages, **launch.meta())
+    if interpret:
+        with _interpreting():
+            _interpreted(kernel.fn)[launch.grid](*args, **options)
+    else:
+        kernel[launch.grid](*args, **options)
+
+
+def strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse) -> KernelStrides:
+    """KernelStrides of torch tensors (their last dimensions must be contiguous)."""
+    return KernelStrides(
+        q=(q.stride(0), q.stride(1)),
+        k=(k.stride(0), k.stride(1), k.stride(2)),
+        v=(v.stride(0), v.stride(1), v.stride(2)),
+        page_table=page_table.stride(0),
+        mid_o=(mid_o.stride(0), mid_o.stride(1), mid_o.stride(2)),
+        mid_lse=(mid_lse.stride(0), mid_lse.stride(1), mid_lse.stride(2)),
+        out=(out.stride(0), out.stride(1)),
+        lse=(lse.stride(0), lse.stride(1)),
+    )
+
+
+def launch_decode(
+    config: LaunchConfig, q, k, v, page_table, seq_lens, mid_o, mid_lse, out, lse, *, interpret: bool
+) -> None:
+    """Run stage 1 and stage 2, writing ``out`` and ``lse`` (and the scratch) in place.
+
+    ``v`` is the V cache, or ``k`` itself for MLA (V = k[..., :head_dim_v]); shapes
+    and dtypes are the ones ``config`` was made for.  Tensors live on one device.
+    """
+    if config.problem.batch == 0:
+        return
+    strides = strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse)
+    stage1_args = (q, k, v, page_table, seq_lens, config.problem.num_pages, mid_o, mid_lse)
+    _run(config.stage1(strides), stage1_args, interpret)
+    _run(config.stage2(strides), (mid_o, mid_lse, out, lse), interpret)

@@ -1,0 +1,130 @@
+"""The ``"triton"`` backend: the kernels inside ``jax.jit`` through ``jax_triton.triton_call``."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jax_decode import kernels
+from jax_decode.launch import DeviceInfo, LaunchConfig
+
+_COMPILE_TARGET: contextvars.ContextVar[DeviceInfo | None] = contextvars.ContextVar(
+    "jax_decode_compile_target", default=None
+)
+
+
+@functools.cache
+def import_jax_triton():
+    """Import jax_triton lazily (it needs JAX's CUDA plugin) and undo its side effect.
+
+    jax_triton 0.3.x sets TRITON_CACHE_DIR="" on import, after which Triton launches
+    from torch in the same process fail; restore what was there.
+    """
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    try:
+        import jax_triton
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved
+    return jax_triton
+
+
+def jax_triton_available() -> bool:
+    try:
+        import_jax_triton()
+    except Exception:  # ImportError, or the CUDA plugin failing to load
+        return False
+    return True
+
+
+@functools.cache
+def _out_shape_keyword() -> str:
+    # jax_triton 0.4 renamed triton_call's out_shape to out_type.
+    params = inspect.signature(import_jax_triton().triton_call).parameters
+    return "out_type" if "out_type" in params else "out_shape"
+
+
+@contextlib.contextmanager
+def compile_target(device: DeviceInfo):
+    """Compile the triton backend for ``device`` instead of the visible GPU.
+
+    For ahead-of-time lowering on a machine without that GPU, e.g.
+    ``with compile_target(DeviceInfo("nvidia", 90, 132)):
+    jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))``.
+    """
+    token = _COMPILE_TARGET.set(device)
+    try:
+        yield device
+    finally:
+        _COMPILE_TARGET.reset(token)
+
+
+@functools.cache
+def _visible_gpu() -> DeviceInfo | None:
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+    if gpu.platform == "rocm":
+        return DeviceInfo(vendor="amd", compute_capability=None, num_sms=int(getattr(gpu, "core_count", 304)))
+    major, minor = str(gpu.compute_capability).split(".")
+    return DeviceInfo(vendor="nvidia", compute_capability=int(major) * 10 + int(minor), num_sms=int(gpu.core_count))
+
+
+def target_device() -> DeviceInfo | None:
+    """The device the triton backend compiles for: compile_target's, else the first GPU."""
+    return _COMPILE_TARGET.get() or _visible_gpu()
+
+
+def decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, config: LaunchConfig):
+    """Stage 1 and stage 2 through triton_call; returns (out, lse)."""
+    jt = import_jax_triton()
+    p = config.problem
+    strides = config.contiguous_strides()
+    compile_options = {}
+    if config.device.compute_capability is not None:
+        compile_options["compute_capability"] = config.device.compute_capability
+
+    stage1 = config.stage1(strides)
+    mid_o, mid_lse = jt.triton_call(
+        q,
+        k_cache,
+        k_cache if p.v_from_k else v_cache,
+        page_table,
+        seq_lens,
+        p.num_pages,
+        kernel=kernels.STAGE1_KERNELS[stage1.kernel_name],
+        grid=stage1.grid,
+        num_warps=stage1.num_warps,
+        num_stages=stage1.num_stages,
+        **{_out_shape_keyword(): (
+            jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
+            jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
+        )},
+        **compile_options,
+        **stage1.meta(),
+    )
+    stage2 = config.stage2(strides)
+    out, lse = jt.triton_call(
+        mid_o,
+        mid_lse,
+        kernel=kernels.STAGE2_KERNEL,
+        grid=stage2.grid,
+        num_warps=stage2.num_warps,
+        num_stages=stage2.num_stages,
+        **{_out_shape_keyword(): (
+            jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), q.dtype),
+            jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
+        )},
+        **compile_options,
+        **stage2.meta(),
+    )
+    return out, lse

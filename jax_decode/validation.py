@@ -1,0 +1,153 @@
+"""Argument checking shared by every frontend.
+
+Reads only shapes, dtype names and Python scalars, so the JAX and the torch frontend
+give the same message for the same mistake.  Every message names the argument, the
+rule and the values.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+from jax_decode.launch import MAX_KV_SPLITS, DecodeProblem, default_sm_scale
+
+SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
+INDEX_DTYPE = "int32"
+MAX_HEAD_DIM = 1024
+
+
+def dtype_name(dtype: object) -> str:
+    """'bfloat16' for jnp.bfloat16, np.dtype('bfloat16') and torch.bfloat16 alike."""
+    name = getattr(dtype, "name", None)
+    if isinstance(name, str):
+        return name
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_rank(name: str, shape: Sequence[int], rank: int, layout: str) -> None:
+    if len(shape) != rank:
+        raise ValueError(f"{name} must be {rank}-D {layout}, got shape {tuple(shape)}")
+
+
+def _check_float_dtype(name: str, dtype: str) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {dtype}")
+
+
+def _check_index_dtype(name: str, dtype: str) -> None:
+    if dtype != INDEX_DTYPE:
+        raise TypeError(f"{name} must be int32, got {dtype}; cast it with .astype(int32) / .to(torch.int32)")
+
+
+def _check_scalar(name: str, value: object, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        rule = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {rule}, got {value}")
+    return value
+
+
+def check_num_kv_splits(num_kv_splits: object) -> int | None:
+    if num_kv_splits is None:
+        return None
+    if isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, numbers.Integral):
+        raise TypeError(f"num_kv_splits must be an int or None, got {type(num_kv_splits).__name__}")
+    if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}] or None, got {num_kv_splits}")
+    return int(num_kv_splits)
+
+
+def check_decode_args(
+    *,
+    q_shape: Sequence[int],
+    q_dtype: object,
+    k_shape: Sequence[int],
+    k_dtype: object,
+    v_shape: Sequence[int] | None,
+    v_dtype: object | None,
+    page_table_shape: Sequence[int],
+    page_table_dtype: object,
+    seq_lens_shape: Sequence[int],
+    seq_lens_dtype: object,
+    head_dim_v: int | None,
+    sm_scale: float | None,
+    logit_cap: float,
+) -> DecodeProblem:
+    """Validate the arguments of ``decode_attention``; return the static problem."""
+    _check_rank("q", q_shape, 3, "[batch, num_heads, head_dim_qk]")
+    _check_rank("k_cache", k_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_qk]")
+    if v_shape is not None:
+        _check_rank("v_cache", v_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_v]")
+    _check_rank("page_table", page_table_shape, 2, "[batch, max_pages]")
+    _check_rank("seq_lens", seq_lens_shape, 1, "[batch]")
+
+    q_dt, k_dt = dtype_name(q_dtype), dtype_name(k_dtype)
+    _check_float_dtype("q", q_dt)
+    _check_float_dtype("k_cache", k_dt)
+    if k_dt != q_dt:
+        raise TypeError(f"k_cache dtype ({k_dt}) must equal q dtype ({q_dt})")
+    if v_shape is not None:
+        v_dt = dtype_name(v_dtype)
+        if v_dt != k_dt:
+            raise TypeError(f"v_cache dtype ({v_dt}) must equal k_cache dtype ({k_dt})")
+    _check_index_dtype("page_table", dtype_name(page_table_dtype))
+    _check_index_dtype("seq_lens", dtype_name(seq_lens_dtype))
+
+    batch, num_heads, head_dim_qk = q_shape
+    num_pages, page_size, num_kv_heads, k_head_dim = k_shape
+    if page_table_shape[0] != batch:
+        raise ValueError(f"page_table batch ({page_table_shape[0]}) must equal q batch ({batch})")
+    if seq_lens_shape[0] != batch:
+        raise ValueError(f"seq_lens batch ({seq_lens_shape[0]}) must equal q batch ({batch})")
+    if num_pages < 1 or page_size < 1:
+        raise ValueError(f"k_cache must hold at least one page of at least one slot, got shape {tuple(k_shape)}")
+    if num_heads < 1 or num_kv_heads < 1:
+        raise ValueError(f"num_heads ({num_heads}) and num_kv_heads ({num_kv_heads}) must be >= 1")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if k_head_dim != head_dim_qk:
+        raise ValueError(f"k_cache head_dim ({k_head_dim}) must equal q head_dim_qk ({head_dim_qk})")
+    if not 1 <= head_dim_qk <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim_qk ({head_dim_qk}) must be in [1, {MAX_HEAD_DIM}]")
+
+    if head_dim_v is not None and (isinstance(head_dim_v, bool) or not isinstance(head_dim_v, numbers.Integral)):
+        raise TypeError(f"head_dim_v must be an int or None, got {type(head_dim_v).__name__}")
+    if v_shape is None:
+        if head_dim_v is None:
+            raise ValueError("v_cache=None needs head_dim_v: V is then k_cache[..., :head_dim_v] (MLA)")
+        if not 1 <= head_dim_v <= head_dim_qk:
+            raise ValueError(
+                f"head_dim_v ({head_dim_v}) must be in [1, head_dim_qk ({head_dim_qk})] when v_cache is None"
+            )
+    else:
+        if tuple(v_shape[:3]) != tuple(k_shape[:3]):
+            raise ValueError(
+                f"v_cache shape {tuple(v_shape)} must match k_cache shape {tuple(k_shape)} "
+                "in [num_pages, page_size, num_kv_heads]"
+            )
+        if head_dim_v is not None and head_dim_v != v_shape[3]:
+            raise ValueError(f"head_dim_v ({head_dim_v}) must equal v_cache head_dim_v ({v_shape[3]}) or be None")
+        head_dim_v = v_shape[3]
+        if not 1 <= head_dim_v <= MAX_HEAD_DIM:
+            raise ValueError(f"head_dim_v ({head_dim_v}) must be in [1, {MAX_HEAD_DIM}]")
+
+    scale = default_sm_scale(head_dim_qk) if sm_scale is None else _check_scalar("sm_scale", sm_scale, allow_zero=False)
+    cap = _check_scalar("logit_cap", logit_cap, allow_zero=True)
+    return DecodeProblem(
+        batch=int(batch),
+        num_heads=int(num_heads),
+        num_kv_heads=int(num_kv_heads),
+        head_dim_qk=int(head_dim_qk),
+        head_dim_v=int(head_dim_v),
+        num_pages=int(num_pages),
+        page_size=int(page_size),
+        max_pages=int(page_table_shape[1]),
+        dtype=q_dt,
+        v_from_k=v_shape is None,
+        sm_scale=scale,
+        logit_cap=cap,
+    )

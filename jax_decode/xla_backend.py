@@ -1,0 +1,46 @@
+"""The ``"xla"`` backend: the same maths in plain JAX, for any platform (the CPU path).
+
+Gathers each row's pages into a dense [batch, capacity] view, masks tokens past
+``seq_len`` or on out-of-range pages, and runs a float32 softmax.  Same semantics as
+the kernels for every input (see :mod:`jax_decode.reference`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_decode.launch import DecodeProblem
+
+
+def decode_attention_xla(q, k_cache, v_cache, page_table, seq_lens, problem: DecodeProblem):
+    """Returns (out [batch, num_heads, head_dim_v] in q's dtype, lse f32 [batch, num_heads])."""
+    p = problem
+    page_ok = (page_table >= 0) & (page_table < p.num_pages)
+    pages = jnp.where(page_ok, page_table, 0)
+
+    def gather(cache):  # [num_pages, page_size, kv, d] -> [batch, capacity, kv, d] f32
+        rows = cache[pages].astype(jnp.float32)
+        return rows.reshape(p.batch, p.capacity, p.num_kv_heads, cache.shape[-1])
+
+    keys = gather(k_cache)
+    values = keys[..., : p.head_dim_v] if p.v_from_k else gather(v_cache)
+    positions = jnp.arange(p.capacity)
+    lengths = jnp.clip(seq_lens, 0, p.capacity)
+    token_ok = (positions[None, :] < lengths[:, None]) & jnp.repeat(page_ok, p.page_size, axis=1)
+
+    grouped_q = q.astype(jnp.float32).reshape(p.batch, p.num_kv_heads, p.kv_group, p.head_dim_qk)
+    hi = jax.lax.Precision.HIGHEST
+    scores = jnp.einsum("bkgd,btkd->bkgt", grouped_q, keys, precision=hi) * p.sm_scale
+    if p.logit_cap > 0:
+        scores = p.logit_cap * jnp.tanh(scores / p.logit_cap)
+    scores = jnp.where(token_ok[:, None, None, :], scores, -jnp.inf)
+    peak = scores.max(axis=-1)
+    peak = jnp.where(peak == -jnp.inf, 0.0, peak)  # an empty row must not give NaN
+    weights = jnp.exp(scores - peak[..., None])
+    total = weights.sum(axis=-1)
+    safe_total = jnp.where(total > 0, total, 1.0)
+    out = jnp.einsum("bkgt,btkd->bkgd", weights, values, precision=hi) / safe_total[..., None]
+    lse = jnp.where(total > 0, peak + jnp.log(safe_total), -jnp.inf)
+    out = out.reshape(p.batch, p.num_heads, p.head_dim_v).astype(q.dtype)
+    return out, lse.reshape(p.batch, p.num_heads)
