@@ -1,0 +1,74 @@
+"""Synthetic paged-cache problems: the one setup factory for tests, benchmarks and the main job.
+
+Random normal data (never zeros), pages handed out in a shuffled order so that a row's
+pages are not contiguous in the cache, and a few spare pages nobody uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import ml_dtypes
+import numpy as np
+
+NUMPY_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+
+
+@dataclasses.dataclass
+class PagedProblem:
+    """NumPy inputs of one decode-attention call (``v_cache`` None for MLA)."""
+
+    q: np.ndarray  # [batch, num_heads, head_dim_qk]
+    k_cache: np.ndarray  # [num_pages, page_size, num_kv_heads, head_dim_qk]
+    v_cache: np.ndarray | None  # [num_pages, page_size, num_kv_heads, head_dim_v]
+    page_table: np.ndarray  # int32 [batch, max_pages]
+    seq_lens: np.ndarray  # int32 [batch]
+    head_dim_v: int
+
+    @property
+    def arrays(self) -> tuple:
+        return self.q, self.k_cache, self.v_cache, self.page_table, self.seq_lens
+
+    def kv_bytes(self) -> int:
+        """Bytes of K and V that one call must read (an MLA latent counted once)."""
+        _, page_size, num_kv_heads, head_dim_qk = self.k_cache.shape
+        width = head_dim_qk if self.v_cache is None else head_dim_qk + self.head_dim_v
+        tokens = int(np.clip(self.seq_lens, 0, self.page_table.shape[1] * page_size).sum())
+        return tokens * num_kv_heads * width * self.k_cache.dtype.itemsize
+
+
+def make_paged_problem(
+    *,
+    batch: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim_qk: int,
+    head_dim_v: int | None = None,
+    page_size: int,
+    seq_lens: Sequence[int],
+    dtype: str = "float32",
+    mla: bool = False,
+    max_pages: int | None = None,
+    spare_pages: int = 3,
+    seed: int = 0,
+) -> PagedProblem:
+    """A random problem; ``max_pages`` defaults to what the longest row needs."""
+    rng = np.random.default_rng(seed)
+    np_dtype = NUMPY_DTYPES[dtype]
+    head_dim_v = head_dim_qk if head_dim_v is None else head_dim_v
+    seq_lens = np.asarray(seq_lens, np.int32)
+    assert seq_lens.shape == (batch,), "one length per row"
+    pages_needed = -(-int(seq_lens.max(initial=0)) // page_size)
+    max_pages = max(pages_needed, 1) if max_pages is None else max_pages
+    num_pages = batch * max_pages + spare_pages
+    order = rng.permutation(num_pages).astype(np.int32)
+    page_table = order[: batch * max_pages].reshape(batch, max_pages)
+
+    def normal(*shape):
+        return rng.standard_normal(shape, dtype=np.float32).astype(np_dtype)
+
+    q = normal(batch, num_heads, head_dim_qk)
+    k_cache = normal(num_pages, page_size, num_kv_heads, head_dim_qk)
+    v_cache = None if mla else normal(num_pages, page_size, num_kv_heads, head_dim_v)
+    return PagedProblem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v)

@@ -1,0 +1,49 @@
+"""Shared test helpers: per-dtype tolerances, running a problem, comparing with the oracle."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_decode
+from jax_decode.reference import decode_attention_reference
+from jax_decode.synthetic import PagedProblem
+
+# Elementwise tolerances against the float64 oracle, by dtype.  16-bit rows are looser
+# because p is rounded to the cache dtype before p @ V (tensor-core input) and the
+# output is rounded to q's dtype; the LSE is accumulated in float32 in every case.
+OUT_TOL = {
+    "float32": dict(atol=2e-5, rtol=2e-5),
+    "float16": dict(atol=4e-3, rtol=4e-3),
+    "bfloat16": dict(atol=3e-2, rtol=3e-2),
+}
+LSE_TOL = dict(atol=1e-4, rtol=1e-5)
+
+
+def device_arrays(problem: PagedProblem) -> tuple:
+    return tuple(None if a is None else jnp.asarray(a) for a in problem.arrays)
+
+
+def run_jax(problem: PagedProblem, *, backend: str, mla: bool = False, jit: bool = True, **options):
+    """decode_attention on the problem; returns NumPy (out float64, lse float64)."""
+    head_dim_v = problem.head_dim_v if mla else None
+
+    def call(*arrays):
+        return jax_decode.decode_attention(
+            *arrays, head_dim_v=head_dim_v, return_lse=True, backend=backend, **options
+        )
+
+    fn = jax.jit(call) if jit else call
+    out, lse = fn(*device_arrays(problem))
+    return np.asarray(out.astype(jnp.float32), np.float64), np.asarray(lse, np.float64)
+
+
+def assert_matches_oracle(problem: PagedProblem, out, lse, *, mla: bool = False, **options) -> None:
+    expected_out, expected_lse = decode_attention_reference(
+        *problem.arrays, head_dim_v=problem.head_dim_v if mla else None, **options
+    )
+    dtype = problem.q.dtype.name
+    np.testing.assert_allclose(out, expected_out, **OUT_TOL[dtype])
+    np.testing.assert_allclose(lse, expected_lse, **LSE_TOL)  # -inf rows must match exactly
+    assert np.isfinite(out).all(), "no NaN or inf in any output"

@@ -1,0 +1,119 @@
+"""The launch config: plain Python on ints, tested without a GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jax_decode.launch import (
+    MAX_AUTO_KV_SPLITS,
+    DecodeProblem,
+    DeviceInfo,
+    KernelStrides,
+    make_launch_config,
+    split_head_dim,
+)
+
+H200 = DeviceInfo(vendor="nvidia", compute_capability=90, num_sms=132)
+
+
+def problem(**overrides) -> DecodeProblem:
+    base = dict(
+        batch=32, num_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_v=128, num_pages=9000,
+        page_size=16, max_pages=256, dtype="bfloat16", v_from_k=False, sm_scale=0.088, logit_cap=0.0,
+    )
+    return DecodeProblem(**{**base, **overrides})
+
+
+def test_config_is_frozen_and_hashable():
+    a = make_launch_config(problem(), H200)
+    b = make_launch_config(problem(), H200)
+    assert a == b and hash(a) == hash(b)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.num_warps = 8  # type: ignore[misc]
+    assert {a: 1}[b] == 1
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "blocks"),
+    [(64, (64, 0)), (80, (64, 16)), (96, (64, 32)), (112, (128, 0)), (128, (128, 0)),
+     (192, (128, 64)), (256, (256, 0)), (288, (256, 32)), (576, (512, 64)), (8, (16, 0))],
+)
+def test_head_dim_blocks(head_dim, blocks):
+    assert split_head_dim(head_dim) == blocks
+    main, rest = blocks
+    assert main + rest >= head_dim
+
+
+def test_variants_and_grids():
+    mha = make_launch_config(problem(num_kv_heads=32), H200, num_kv_splits=4)
+    assert mha.variant == "mha"
+    assert mha.stage1_grid == (32, 32, 4)
+    assert mha.stage2_grid == (32, 32, 1)
+
+    gqa = make_launch_config(problem(), H200, num_kv_splits=4)
+    assert gqa.variant == "grouped" and gqa.block_h == 16 and gqa.head_blocks == 1
+    assert gqa.stage1_grid == (32, 8, 4)
+
+    wide = make_launch_config(problem(num_heads=64, num_kv_heads=1, head_dim_v=512, head_dim_qk=576), H200, 4)
+    assert wide.block_h == 16 and wide.head_blocks == 4  # accumulator capped at 16 x 512
+    assert wide.stage1_grid == (32, 4, 4)
+
+
+def test_mla_reads_the_latent_once():
+    mla = make_launch_config(problem(num_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
+                                     v_from_k=True, page_size=1), H200)
+    assert (mla.block_dmodel, mla.block_dpe, mla.block_dv) == (512, 64, 512)
+    assert mla.reuse_k_as_v
+    assert mla.stage1(mla.contiguous_strides()).meta()["V_FROM_K"] is True
+    separate = make_launch_config(problem(num_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512), H200)
+    assert not separate.reuse_k_as_v
+
+
+def test_auto_splits_fill_the_device_within_bounds():
+    small_batch = make_launch_config(problem(batch=1, max_pages=2048), H200)
+    assert small_batch.num_kv_splits == 33  # 8 programs per split: 33 splits give 2 x 132 SMs
+    big_batch = make_launch_config(problem(batch=256), H200)
+    assert big_batch.num_kv_splits == 1  # 2048 programs already fill 132 SMs
+    short = make_launch_config(problem(batch=1, max_pages=2), H200)
+    assert short.num_kv_splits == 1  # 32 tokens are not worth splitting
+    for cfg in (small_batch, big_batch, short):
+        assert 1 <= cfg.num_kv_splits <= MAX_AUTO_KV_SPLITS
+
+
+def test_explicit_splits_are_kept_and_checked():
+    assert make_launch_config(problem(), H200, num_kv_splits=5).num_kv_splits == 5
+    with pytest.raises(ValueError, match=r"num_kv_splits \(0\) must be in \[1, 256\]"):
+        make_launch_config(problem(), H200, num_kv_splits=0)
+
+
+def test_constexprs_carry_strides_and_scalars():
+    cfg = make_launch_config(problem(logit_cap=30.0), H200, num_kv_splits=4)
+    strides = cfg.contiguous_strides()
+    meta = cfg.stage1(strides).meta()
+    assert meta["STRIDE_KP"] == 16 * 8 * 128 and meta["STRIDE_KS"] == 8 * 128 and meta["STRIDE_KH"] == 128
+    assert meta["STRIDE_PTB"] == 256
+    assert meta["LOGIT_CAP"] == 30.0 and meta["SM_SCALE"] == 0.088
+    assert meta["CAPACITY"] == 256 * 16 and meta["KV_GROUP"] == 4
+    assert meta["DOT_PRECISION"] == "tf32" and meta["DOT_UPCAST"] is False
+    stage2 = cfg.stage2(strides).meta()
+    assert stage2["NUM_KV_SPLITS"] == 4 and stage2["BLOCK_S"] == 4
+
+
+def test_contiguous_strides_match_row_major():
+    p = problem(v_from_k=True, head_dim_qk=576, head_dim_v=512, num_kv_heads=1, num_heads=16)
+    s = KernelStrides.contiguous(p, num_kv_splits=3)
+    assert s.v == s.k  # MLA: V is read through K's layout
+    assert s.mid_o == (16 * 3 * 512, 3 * 512, 512)
+    assert s.mid_lse == (16 * 3, 3, 1)
+
+
+def test_interpreter_config_works_around_bf16_dot():
+    cpu = DeviceInfo.interpreter()
+    bf16 = make_launch_config(problem(), cpu, 2).stage1(KernelStrides.contiguous(problem(), 2)).meta()
+    fp16 = make_launch_config(problem(dtype="float16"), cpu, 2)
+    assert bf16["DOT_UPCAST"] is True
+    assert fp16.stage1(fp16.contiguous_strides()).meta()["DOT_UPCAST"] is False
+    fp32 = make_launch_config(problem(dtype="float32"), H200, 2)
+    assert fp32.stage1(fp32.contiguous_strides()).meta()["DOT_PRECISION"] == "ieee"
