@@ -93,8 +93,9 @@ def run_shape(shape: Shape, backend: str, dtype: str, on_gpu: bool, repeats: int
     error = float(np.abs(out[rows] - expected).max())
     ms = _time_ms(step, args, repeats)
     tbps = problem.kv_bytes() / (ms * 1e-3) / 1e12 if on_gpu else None
-    return dict(shape=shape.name, backend=backend, dtype=dtype, error=error, ms=ms, tbps=tbps,
-                ok=error <= MAX_ERROR[dtype])
+    return dict(
+        shape=shape.name, backend=backend, dtype=dtype, error=error, ms=ms, tbps=tbps, ok=error <= MAX_ERROR[dtype]
+    )
 
 
 def _format_table(rows: list[dict]) -> str:
@@ -128,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for i, shape in enumerate(shapes, 1):
-        _progress(f"[{i}/{len(shapes)}] {shape.name}, batch {shape.batch}, context {shape.context}: "
-                  "compiling, checking against the float64 oracle, timing ...")
+        _progress(
+            f"[{i}/{len(shapes)}] {shape.name}, batch {shape.batch}, context {shape.context}: "
+            "compiling, checking against the float64 oracle, timing ..."
+        )
         row = run_shape(shape, backend, args.dtype, on_gpu, args.repeats)
         rows.append(dict(row, backend=label))
     print(_format_table(rows))

@@ -50,7 +50,16 @@ def decode_attention_interpret(q, k_cache, v_cache, page_table, seq_lens, config
         mid_o = torch.empty(config.mid_o_shape, dtype=torch.float32)
         mid_lse = torch.empty(config.mid_lse_shape, dtype=torch.float32)
         launch_decode(
-            config, q_t, k_t, v_t, _to_torch(page_table), _to_torch(seq_lens), mid_o, mid_lse, out, lse,
+            config,
+            q_t,
+            k_t,
+            v_t,
+            _to_torch(page_table),
+            _to_torch(seq_lens),
+            mid_o,
+            mid_lse,
+            out,
+            lse,
             interpret=True,
         )
         return _to_numpy(out, out_type.dtype), lse.numpy()

@@ -171,9 +171,7 @@ def _decode_stage1_mha(
         k = tl.load(k_rows[:, None] + offs_d[None, :], mask=valid[:, None] & mask_d[None, :], other=0.0)
         qk = tl.sum(q[None, :] * k.to(tl.float32), 1)
         if BLOCK_DPE > 0:
-            k_pe = tl.load(
-                k_rows[:, None] + offs_dpe[None, :], mask=valid[:, None] & mask_dpe[None, :], other=0.0
-            )
+            k_pe = tl.load(k_rows[:, None] + offs_dpe[None, :], mask=valid[:, None] & mask_dpe[None, :], other=0.0)
             qk += tl.sum(q_pe[None, :] * k_pe.to(tl.float32), 1)
         s = tl.where(valid, _scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
 
@@ -268,9 +266,7 @@ def _decode_stage1_grouped(
     if BLOCK_DPE > 0:
         offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
         mask_dpe = offs_dpe < HEAD_DIM_QK
-        q_pe = tl.load(
-            q_rows[:, None] + offs_dpe[None, :], mask=mask_h[:, None] & mask_dpe[None, :], other=0.0
-        )
+        q_pe = tl.load(q_rows[:, None] + offs_dpe[None, :], mask=mask_h[:, None] & mask_dpe[None, :], other=0.0)
 
     start, end = _split_bounds(seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY)
     page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
@@ -287,9 +283,7 @@ def _decode_stage1_grouped(
         k = tl.load(k_rows[:, None] + offs_d[None, :], mask=valid[:, None] & mask_d[None, :], other=0.0)
         qk = _dot(q, tl.trans(k), DOT_PRECISION, DOT_UPCAST)
         if BLOCK_DPE > 0:
-            k_pe = tl.load(
-                k_rows[:, None] + offs_dpe[None, :], mask=valid[:, None] & mask_dpe[None, :], other=0.0
-            )
+            k_pe = tl.load(k_rows[:, None] + offs_dpe[None, :], mask=valid[:, None] & mask_dpe[None, :], other=0.0)
             qk += _dot(q_pe, tl.trans(k_pe), DOT_PRECISION, DOT_UPCAST)
         s = tl.where(valid[None, :], _scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
 
@@ -297,9 +291,7 @@ def _decode_stage1_grouped(
             v = k
         else:
             v_rows = v_head_ptr + page * STRIDE_VP + slot * STRIDE_VS
-            v = tl.load(
-                v_rows[:, None] + offs_dv[None, :], mask=valid[:, None] & mask_dv[None, :], other=0.0
-            )
+            v = tl.load(v_rows[:, None] + offs_dv[None, :], mask=valid[:, None] & mask_dv[None, :], other=0.0)
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # see _decode_stage1_mha

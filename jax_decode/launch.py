@@ -262,9 +262,7 @@ def split_head_dim(head_dim: int) -> tuple[int, int]:
     return 2 * main, 0
 
 
-def choose_num_kv_splits(
-    problem: DecodeProblem, device: DeviceInfo, programs_per_split: int, block_n: int
-) -> int:
+def choose_num_kv_splits(problem: DecodeProblem, device: DeviceInfo, programs_per_split: int, block_n: int) -> int:
     """Enough splits to fill the device about twice, but never splits of < a few blocks."""
     target_programs = 2 * device.num_sms
     wanted = cdiv(target_programs, max(programs_per_split, 1))
@@ -272,9 +270,7 @@ def choose_num_kv_splits(
     return max(1, min(wanted, most_useful, MAX_AUTO_KV_SPLITS))
 
 
-def make_launch_config(
-    problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None = None
-) -> LaunchConfig:
+def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None = None) -> LaunchConfig:
     """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one."""
     p = problem
     if num_kv_splits is not None and not 1 <= num_kv_splits <= MAX_KV_SPLITS:

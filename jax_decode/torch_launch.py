@@ -14,7 +14,6 @@ import threading
 from jax_decode import kernels
 from jax_decode.launch import KernelLaunch, KernelStrides, LaunchConfig
 
-
 _INTERPRETER_LOCK = threading.Lock()
 
 

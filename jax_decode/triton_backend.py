@@ -105,10 +105,12 @@ def decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, config: L
         grid=stage1.grid,
         num_warps=stage1.num_warps,
         num_stages=stage1.num_stages,
-        **{_out_shape_keyword(): (
-            jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
-            jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
-        )},
+        **{
+            _out_shape_keyword(): (
+                jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
+                jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
+            )
+        },
         **compile_options,
         **stage1.meta(),
     )
@@ -120,10 +122,12 @@ def decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, config: L
         grid=stage2.grid,
         num_warps=stage2.num_warps,
         num_stages=stage2.num_stages,
-        **{_out_shape_keyword(): (
-            jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), q.dtype),
-            jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
-        )},
+        **{
+            _out_shape_keyword(): (
+                jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), q.dtype),
+                jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
+            )
+        },
         **compile_options,
         **stage2.meta(),
     )

@@ -86,8 +86,18 @@ def _matrix() -> list[Case]:
         cases.append(dataclasses.replace(MHA, num_kv_splits=splits, page_size=3, max_pages=14))
     cases.append(dataclasses.replace(MLA, logit_cap=30.0, num_kv_splits=None, dtype="bfloat16"))
     cases.append(Case(num_heads=8, num_kv_heads=2, head_dim_qk=80, head_dim_v=48, page_size=7, max_pages=6))
-    cases.append(Case(num_heads=8, num_kv_heads=1, head_dim_qk=288, head_dim_v=256, page_size=3,
-                      max_pages=12, mla=True, dtype="bfloat16"))
+    cases.append(
+        Case(
+            num_heads=8,
+            num_kv_heads=1,
+            head_dim_qk=288,
+            head_dim_v=256,
+            page_size=3,
+            max_pages=12,
+            mla=True,
+            dtype="bfloat16",
+        )
+    )
     unique = {c.id: c for c in cases}
     return list(unique.values())
 

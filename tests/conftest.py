@@ -14,10 +14,6 @@ def _has_gpu() -> bool:
 HAS_GPU = _has_gpu()
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU visible to JAX (skipped on CPU-only machines)")
-
-
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
         return

@@ -30,9 +30,7 @@ def run_jax(problem: PagedProblem, *, backend: str, mla: bool = False, jit: bool
     head_dim_v = problem.head_dim_v if mla else None
 
     def call(*arrays):
-        return jax_decode.decode_attention(
-            *arrays, head_dim_v=head_dim_v, return_lse=True, backend=backend, **options
-        )
+        return jax_decode.decode_attention(*arrays, head_dim_v=head_dim_v, return_lse=True, backend=backend, **options)
 
     fn = jax.jit(call) if jit else call
     out, lse = fn(*device_arrays(problem))

@@ -20,8 +20,18 @@ H200 = DeviceInfo(vendor="nvidia", compute_capability=90, num_sms=132)
 
 def problem(**overrides) -> DecodeProblem:
     base = dict(
-        batch=32, num_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_v=128, num_pages=9000,
-        page_size=16, max_pages=256, dtype="bfloat16", v_from_k=False, sm_scale=0.088, logit_cap=0.0,
+        batch=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim_qk=128,
+        head_dim_v=128,
+        num_pages=9000,
+        page_size=16,
+        max_pages=256,
+        dtype="bfloat16",
+        v_from_k=False,
+        sm_scale=0.088,
+        logit_cap=0.0,
     )
     return DecodeProblem(**{**base, **overrides})
 
@@ -37,8 +47,18 @@ def test_config_is_frozen_and_hashable():
 
 @pytest.mark.parametrize(
     ("head_dim", "blocks"),
-    [(64, (64, 0)), (80, (64, 16)), (96, (64, 32)), (112, (128, 0)), (128, (128, 0)),
-     (192, (128, 64)), (256, (256, 0)), (288, (256, 32)), (576, (512, 64)), (8, (16, 0))],
+    [
+        (64, (64, 0)),
+        (80, (64, 16)),
+        (96, (64, 32)),
+        (112, (128, 0)),
+        (128, (128, 0)),
+        (192, (128, 64)),
+        (256, (256, 0)),
+        (288, (256, 32)),
+        (576, (512, 64)),
+        (8, (16, 0)),
+    ],
 )
 def test_head_dim_blocks(head_dim, blocks):
     assert split_head_dim(head_dim) == blocks
@@ -62,8 +82,9 @@ def test_variants_and_grids():
 
 
 def test_mla_reads_the_latent_once():
-    mla = make_launch_config(problem(num_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
-                                     v_from_k=True, page_size=1), H200)
+    mla = make_launch_config(
+        problem(num_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, v_from_k=True, page_size=1), H200
+    )
     assert (mla.block_dmodel, mla.block_dpe, mla.block_dv) == (512, 64, 512)
     assert mla.reuse_k_as_v
     assert mla.stage1(mla.contiguous_strides()).meta()["V_FROM_K"] is True

@@ -1,0 +1,196 @@
+"""Every bad-input message: a ValueError/TypeError at trace time naming the argument."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import HAS_GPU
+
+import jax_decode
+
+B, H, KV, D, PAGES, PAGE, MAX_PAGES = 2, 8, 2, 64, 6, 4, 3
+
+
+def sds(shape, dtype=jnp.float16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+GOOD = dict(
+    q=sds((B, H, D)),
+    k_cache=sds((PAGES, PAGE, KV, D)),
+    v_cache=sds((PAGES, PAGE, KV, D)),
+    page_table=sds((B, MAX_PAGES), jnp.int32),
+    seq_lens=sds((B,), jnp.int32),
+)
+
+
+def trace(options=None, **arrays):
+    """Trace decode_attention under jax.jit with GOOD arrays, some replaced."""
+    args = {**GOOD, **arrays}
+    names = list(args)
+    fn = lambda *a: jax_decode.decode_attention(*a, backend="xla", **(options or {}))  # noqa: E731
+    return jax.jit(fn).trace(*[args[n] for n in names])
+
+
+def test_good_arguments_trace():
+    trace()
+
+
+BAD_ARRAYS = [
+    ("q_rank", dict(q=sds((B, H))), ValueError, r"q must be 3-D \[batch, num_heads, head_dim_qk\], got shape \(2, 8\)"),
+    (
+        "k_rank",
+        dict(k_cache=sds((PAGES, KV, D))),
+        ValueError,
+        r"k_cache must be 4-D \[num_pages, page_size, num_kv_heads, head_dim_qk\], got shape \(6, 2, 64\)",
+    ),
+    ("v_rank", dict(v_cache=sds((PAGES * PAGE, KV, D))), ValueError, r"v_cache must be 4-D"),
+    (
+        "page_table_rank",
+        dict(page_table=sds((B * MAX_PAGES,), jnp.int32)),
+        ValueError,
+        r"page_table must be 2-D \[batch, max_pages\], got shape \(6,\)",
+    ),
+    ("seq_lens_rank", dict(seq_lens=sds((B, 1), jnp.int32)), ValueError, r"seq_lens must be 1-D \[batch\]"),
+    (
+        "q_dtype",
+        dict(q=sds((B, H, D), jnp.complex64)),
+        TypeError,
+        r"q dtype must be one of float16, bfloat16, float32, got complex64",
+    ),
+    ("q_int", dict(q=sds((B, H, D), jnp.int32)), TypeError, r"q dtype must be one of .* got int32"),
+    (
+        "k_dtype",
+        dict(k_cache=sds((PAGES, PAGE, KV, D), jnp.bfloat16)),
+        TypeError,
+        r"k_cache dtype \(bfloat16\) must equal q dtype \(float16\)",
+    ),
+    (
+        "v_dtype",
+        dict(v_cache=sds((PAGES, PAGE, KV, D), jnp.float32)),
+        TypeError,
+        r"v_cache dtype \(float32\) must equal k_cache dtype \(float16\)",
+    ),
+    (
+        "page_table_float",
+        dict(page_table=sds((B, MAX_PAGES), jnp.float32)),
+        TypeError,
+        r"page_table must be int32, got float32",
+    ),
+    (
+        "page_table_int16",
+        dict(page_table=sds((B, MAX_PAGES), jnp.int16)),
+        TypeError,
+        r"page_table must be int32, got int16",
+    ),
+    ("seq_lens_float", dict(seq_lens=sds((B,), jnp.float32)), TypeError, r"seq_lens must be int32, got float32"),
+    (
+        "page_table_batch",
+        dict(page_table=sds((B + 1, MAX_PAGES), jnp.int32)),
+        ValueError,
+        r"page_table batch \(3\) must equal q batch \(2\)",
+    ),
+    (
+        "seq_lens_batch",
+        dict(seq_lens=sds((B + 2,), jnp.int32)),
+        ValueError,
+        r"seq_lens batch \(4\) must equal q batch \(2\)",
+    ),
+    (
+        "heads_multiple",
+        dict(q=sds((B, 7, D)), k_cache=sds((PAGES, PAGE, 3, D)), v_cache=sds((PAGES, PAGE, 3, D))),
+        ValueError,
+        r"num_heads \(7\) must be a multiple of num_kv_heads \(3\)",
+    ),
+    ("head_dim", dict(q=sds((B, H, 32))), ValueError, r"k_cache head_dim \(64\) must equal q head_dim_qk \(32\)"),
+    (
+        "v_layout",
+        dict(v_cache=sds((PAGES, PAGE, KV + 1, D))),
+        ValueError,
+        r"v_cache shape \(6, 4, 3, 64\) must match k_cache shape \(6, 4, 2, 64\) "
+        r"in \[num_pages, page_size, num_kv_heads\]",
+    ),
+    (
+        "no_pages",
+        dict(k_cache=sds((0, PAGE, KV, D)), v_cache=sds((0, PAGE, KV, D))),
+        ValueError,
+        r"k_cache must hold at least one page of at least one slot, got shape \(0, 4, 2, 64\)",
+    ),
+    (
+        "head_dim_too_big",
+        dict(q=sds((B, H, 2048)), k_cache=sds((PAGES, PAGE, KV, 2048)), v_cache=sds((PAGES, PAGE, KV, 64))),
+        ValueError,
+        r"head_dim_qk \(2048\) must be in \[1, 1024\]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "arrays", "error", "match"), BAD_ARRAYS, ids=[b[0] for b in BAD_ARRAYS])
+def test_bad_arrays(name, arrays, error, match):
+    with pytest.raises(error, match=match):
+        trace(**arrays)
+
+
+BAD_OPTIONS = [
+    (
+        "backend",
+        dict(backend="cuda"),
+        ValueError,
+        r"backend must be one of 'auto', 'triton', 'xla', 'interpret', got 'cuda'",
+    ),
+    ("sm_scale_negative", dict(sm_scale=-1.0), ValueError, r"sm_scale must be finite and > 0, got -1.0"),
+    ("sm_scale_nan", dict(sm_scale=float("nan")), ValueError, r"sm_scale must be finite and > 0, got nan"),
+    ("sm_scale_array", dict(sm_scale=jnp.float32(0.1)), TypeError, r"sm_scale must be a Python float, got"),
+    ("logit_cap_negative", dict(logit_cap=-2.0), ValueError, r"logit_cap must be finite and >= 0, got -2.0"),
+    ("logit_cap_inf", dict(logit_cap=float("inf")), ValueError, r"logit_cap must be finite and >= 0, got inf"),
+    ("splits_zero", dict(num_kv_splits=0), ValueError, r"num_kv_splits must be in \[1, 256\] or None, got 0"),
+    ("splits_huge", dict(num_kv_splits=1000), ValueError, r"num_kv_splits must be in \[1, 256\] or None, got 1000"),
+    ("splits_float", dict(num_kv_splits=2.0), TypeError, r"num_kv_splits must be an int or None, got float"),
+    (
+        "head_dim_v_mismatch",
+        dict(head_dim_v=32),
+        ValueError,
+        r"head_dim_v \(32\) must equal v_cache head_dim_v \(64\) or be None",
+    ),
+    ("head_dim_v_type", dict(head_dim_v="64"), TypeError, r"head_dim_v must be an int or None, got str"),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "error", "match"), BAD_OPTIONS, ids=[b[0] for b in BAD_OPTIONS])
+def test_bad_options(name, options, error, match):
+    backend = options.pop("backend", "xla")
+    args = [GOOD[n] for n in GOOD]
+    fn = lambda *a: jax_decode.decode_attention(*a, backend=backend, **options)  # noqa: E731
+    with pytest.raises(error, match=match):
+        jax.jit(fn).trace(*args)
+
+
+def mla_trace(head_dim_v):
+    args = [GOOD["q"], GOOD["k_cache"], None, GOOD["page_table"], GOOD["seq_lens"]]
+    fn = lambda q, k, pt, sl: jax_decode.decode_attention(q, k, None, pt, sl, head_dim_v=head_dim_v)  # noqa: E731
+    return jax.jit(fn).trace(args[0], args[1], args[3], args[4])
+
+
+def test_mla_needs_head_dim_v():
+    with pytest.raises(ValueError, match=r"v_cache=None needs head_dim_v: V is then k_cache\[..., :head_dim_v\]"):
+        mla_trace(None)
+
+
+def test_mla_head_dim_v_not_larger_than_qk():
+    with pytest.raises(
+        ValueError, match=r"head_dim_v \(65\) must be in \[1, head_dim_qk \(64\)\] when v_cache is None"
+    ):
+        mla_trace(65)
+
+
+def test_mla_head_dim_v_within_qk_traces():
+    mla_trace(48)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is visible, so the triton backend is usable")
+def test_triton_backend_without_gpu():
+    args = [GOOD[n] for n in GOOD]
+    fn = lambda *a: jax_decode.decode_attention(*a, backend="triton")  # noqa: E731
+    with pytest.raises(ValueError, match=r"backend='triton' needs jax_triton and a GPU visible to JAX"):
+        jax.jit(fn).trace(*args)
