@@ -24,6 +24,20 @@ def _interpreted(fn):
     return InterpretedFunction(fn)
 
 
+def _call_helper_interpreted(helper, *args, **kwargs):
+    """Run a @triton.jit helper called from an interpreted kernel, interpreted too."""
+    from triton.runtime.interpreter import _patch_lang
+
+    scope = _patch_lang(helper.fn)
+    try:
+        return _interpreted(helper.fn).rewrite()(*args, **kwargs)
+    finally:
+        # InterpretedFunction.__call__ would leave triton.language patched for good,
+        # and later compilations in this process would then fail; undo ours.
+        if hasattr(scope, "restore"):
+            scope.restore()
+
+
 @contextlib.contextmanager
 def _interpreting():
     """Run jitted helpers (ours and triton.language's, e.g. tl.sum) interpreted too.
@@ -38,7 +52,7 @@ def _interpreting():
 
     with _INTERPRETER_LOCK:
         original = JITFunction.__call__
-        JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted(self.fn)(*args, **kwargs)
+        JITFunction.__call__ = _call_helper_interpreted
         try:
             yield
         finally:

@@ -1,0 +1,84 @@
+"""to_jax / to_torch share memory (same pointer) for every dtype the kernels take; jax_function."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from cases import GQA4
+from conftest import HAS_GPU
+from torch_support import to_float64, to_tensor
+
+import jax_decode
+import torch_bridge
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int32]
+
+
+def _pointer(array: jax.Array) -> int:
+    return array.unsafe_buffer_pointer()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_to_jax_is_zero_copy(dtype):
+    tensor = (torch.arange(24, device=DEVICE) * 3).to(dtype).reshape(2, 3, 4)
+    array = torch_bridge.to_jax(tensor)
+    assert _pointer(array) == tensor.data_ptr()
+    assert array.shape == (2, 3, 4) and array.dtype == jnp.dtype(str(dtype).removeprefix("torch."))
+    np.testing.assert_array_equal(np.asarray(array.astype(jnp.float32)), tensor.float().cpu().numpy())
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32, jnp.int32], ids=lambda d: d.__name__)
+def test_to_torch_is_zero_copy_and_round_trips(dtype):
+    array = jax.device_put((jnp.arange(24) * 3).astype(dtype).reshape(4, 6), jax.devices()[0])
+    tensor = torch_bridge.to_torch(array)
+    assert tensor.data_ptr() == _pointer(array)
+    back = torch_bridge.to_jax(tensor)
+    assert _pointer(back) == _pointer(array) and back.dtype == array.dtype
+    np.testing.assert_array_equal(np.asarray(back), np.asarray(array))
+
+
+def test_non_contiguous_needs_copy():
+    tensor = torch.arange(12, dtype=torch.float32, device=DEVICE).reshape(3, 4).t()
+    with pytest.raises(ValueError, match=r"strides \(1, 4\) is not contiguous, so it cannot be shared with JAX"):
+        torch_bridge.to_jax(tensor)
+    copied = torch_bridge.to_jax(tensor, copy=True)
+    assert _pointer(copied) != tensor.data_ptr()
+    np.testing.assert_array_equal(np.asarray(copied), tensor.cpu().numpy())
+
+
+def test_copy_true_does_not_share():
+    tensor = torch.ones(8, device=DEVICE)
+    assert _pointer(torch_bridge.to_jax(tensor, copy=True)) != tensor.data_ptr()
+    array = jnp.ones(8)
+    assert torch_bridge.to_torch(array, copy=True).data_ptr() != _pointer(array)
+
+
+def test_bridge_type_errors():
+    with pytest.raises(TypeError, match=r"tensor must be a torch.Tensor, got ndarray"):
+        torch_bridge.to_jax(np.ones(3))
+    with pytest.raises(TypeError, match=r"array must be a jax.Array, got Tensor"):
+        torch_bridge.to_torch(torch.ones(3))
+
+
+def test_jax_function_runs_decode_attention_on_tensors():
+    problem = GQA4.problem()
+    tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
+    backend = "triton" if HAS_GPU else "xla"
+    traces = []
+
+    @torch_bridge.jax_function(static_argnames=("logit_cap",))
+    def attend(q, k, v, pt, sl, logit_cap):
+        traces.append(1)
+        return jax_decode.decode_attention(q, k, v, pt, sl, logit_cap=logit_cap, backend=backend, return_lse=True)
+
+    out, lse = attend(*tensors, logit_cap=10.0)
+    assert isinstance(out, torch.Tensor) and out.device.type == DEVICE and out.shape == (4, 8, 64)
+    attend(*tensors, logit_cap=10.0)
+    assert len(traces) == 1, "jitted once per signature"
+    expected, expected_lse = jax_decode.decode_attention_reference(*problem.arrays, logit_cap=10.0)
+    np.testing.assert_allclose(to_float64(out), expected, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(to_float64(lse), expected_lse, atol=1e-4)

@@ -1,0 +1,122 @@
+"""torch_bridge: the same kernels on torch tensors, vs the oracle and bit-exact vs the JAX path.
+
+On a CPU-only machine both frameworks run the kernels in Triton's interpreter; on a GPU
+the torch path runs them compiled and the JAX path through jax_triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from cases import GQA4, MATRIX, MHA, MLA, Case
+from conftest import HAS_GPU
+from support import assert_matches_oracle, run_jax
+from torch_support import to_float64, to_tensor
+
+import torch_bridge
+from jax_decode.reference import decode_attention_reference
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+JAX_KERNEL_BACKEND = "triton" if HAS_GPU else "interpret"
+
+
+def run_torch(problem, case: Case, **extra):
+    tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
+    out, lse = torch_bridge.decode_attention(
+        *tensors, head_dim_v=problem.head_dim_v if case.mla else None, return_lse=True, **case.options(), **extra
+    )
+    return out, lse
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=lambda c: c.id)
+def test_torch_matches_oracle_and_jax_bit_for_bit(case: Case):
+    problem = case.problem()
+    out, lse = run_torch(problem, case)
+    assert out.dtype == to_tensor(problem.q).dtype and out.device.type == DEVICE
+    assert_matches_oracle(problem, to_float64(out), to_float64(lse), mla=case.mla, logit_cap=case.logit_cap)
+
+    jax_out, jax_lse = run_jax(problem, backend=JAX_KERNEL_BACKEND, mla=case.mla, **case.options())
+    # Same kernels, same launch: any difference is a launch-config bug, not noise.
+    np.testing.assert_array_equal(to_float64(out), jax_out)
+    np.testing.assert_array_equal(to_float64(lse), jax_lse)
+
+
+def test_out_is_written_in_place():
+    problem = GQA4.problem()
+    tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
+    buffer = torch.full((4, 8, 2 * 64), 7.0, device=DEVICE)
+    out_view = buffer[..., :64]  # strided rows
+    result = torch_bridge.decode_attention(*tensors, out=out_view, num_kv_splits=2)
+    assert result.data_ptr() == buffer.data_ptr()
+    assert (buffer[..., 64:] == 7.0).all(), "nothing outside out is touched"
+    expected, _ = decode_attention_reference(*problem.arrays)
+    np.testing.assert_allclose(to_float64(out_view), expected, atol=2e-5, rtol=2e-5)
+
+
+def _vllm_inputs(case: Case, three_d: bool):
+    problem = case.problem()
+    q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
+    if three_d:  # page_size 1 caches as [num_tokens, num_kv_heads, D]
+        k, v = k.squeeze(1), (None if v is None else v.squeeze(1))
+    return problem, q, k, v, pt, sl
+
+
+PAGE1_GQA = dataclasses.replace(GQA4, page_size=1, max_pages=40)
+
+
+@pytest.mark.parametrize(
+    ("case", "three_d"),
+    [(PAGE1_GQA, True), (PAGE1_GQA, False), (MHA, False)],  # 3-D buffers hold page_size 1 only
+    ids=["3d_k_buffer", "4d_k_buffer_page1", "4d_k_buffer_page16"],
+)
+def test_vllm_drop_in(case, three_d):
+    problem, q, k, v, pt, sl = _vllm_inputs(case, three_d)
+    splits = 3
+    o = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=DEVICE)
+    attn_logits = torch.empty(q.shape[0], q.shape[1], splits, v.shape[-1] + 1, dtype=torch.float32, device=DEVICE)
+    torch_bridge.decode_attention_fwd(q, k, v, o, pt, sl, attn_logits, splits, 0.125, page_size=case.page_size)
+    expected, _ = decode_attention_reference(*problem.arrays, sm_scale=0.125)
+    np.testing.assert_allclose(to_float64(o), expected, atol=2e-5, rtol=2e-5)
+
+
+def test_vllm_drop_in_mla_view_without_copy():
+    problem, q, k, _, pt, sl = _vllm_inputs(MLA, three_d=True)
+    v = k[..., :512]  # a view: V is the latent
+    o = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=DEVICE)
+    attn_logits = torch.empty(q.shape[0], q.shape[1], 4, 513, dtype=torch.float32, device=DEVICE)
+    torch_bridge.decode_attention_fwd(q, k, v, o, pt, sl, attn_logits, 4, 0.04, page_size=1)
+    expected, _ = decode_attention_reference(*problem.arrays, sm_scale=0.04, head_dim_v=512)
+    np.testing.assert_allclose(to_float64(o), expected, atol=2e-5, rtol=2e-5)
+
+
+def test_torch_compile_fullgraph():
+    problem = GQA4.problem()
+    tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
+
+    def layer(q, k, v, pt, sl):
+        return torch_bridge.decode_attention(q * 2, k, v, pt, sl, num_kv_splits=2).sum(-1)
+
+    compiled = torch.compile(layer, fullgraph=True, backend="inductor" if HAS_GPU else "aot_eager")
+    torch.testing.assert_close(compiled(*tensors), layer(*tensors), atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay():
+    problem = GQA4.problem()
+    q, k, v, pt, sl = (to_tensor(a, "cuda") for a in problem.arrays)
+    out = torch.empty(4, 8, 64, device="cuda")
+    torch_bridge.decode_attention(q, k, v, pt, sl, out=out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch_bridge.decode_attention(q, k, v, pt, sl, out=out)
+    q.copy_(to_tensor(problem.q * 3, "cuda"))  # new inputs in the captured buffers
+    sl.copy_(torch.tensor([3, 0, 17, 64], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    problem.q = problem.q * 3
+    problem.seq_lens[:] = [3, 0, 17, 64]
+    expected, _ = decode_attention_reference(*problem.arrays)
+    np.testing.assert_allclose(to_float64(out), expected, atol=2e-5, rtol=2e-5)

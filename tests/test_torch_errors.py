@@ -1,0 +1,98 @@
+"""torch_bridge gives the JAX frontend's message for the same mistake, plus torch-only checks."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+import torch
+from test_errors import BAD_ARRAYS, BAD_OPTIONS, GOOD
+
+import torch_bridge
+
+TORCH_DTYPES = {
+    jnp.dtype(jnp.float16): torch.float16,
+    jnp.dtype(jnp.bfloat16): torch.bfloat16,
+    jnp.dtype(jnp.float32): torch.float32,
+    jnp.dtype(jnp.int32): torch.int32,
+    jnp.dtype(jnp.int16): torch.int16,
+    jnp.dtype(jnp.complex64): torch.complex64,
+}
+
+
+def tensors(**replace):
+    specs = {**GOOD, **replace}
+    return {name: torch.zeros(s.shape, dtype=TORCH_DTYPES[jnp.dtype(s.dtype)]) for name, s in specs.items()}
+
+
+@pytest.mark.parametrize(("name", "arrays", "error", "match"), BAD_ARRAYS, ids=[b[0] for b in BAD_ARRAYS])
+def test_same_messages_as_jax(name, arrays, error, match):
+    with pytest.raises(error, match=match):
+        torch_bridge.decode_attention(**tensors(**arrays))
+
+
+OPTIONS = [b for b in BAD_OPTIONS if "backend" not in b[1]]
+
+
+@pytest.mark.parametrize(("name", "options", "error", "match"), OPTIONS, ids=[b[0] for b in OPTIONS])
+def test_same_option_messages_as_jax(name, options, error, match):
+    with pytest.raises(error, match=match):
+        torch_bridge.decode_attention(**tensors(), **options)
+
+
+def test_device_mismatch():
+    args = tensors()
+    args["k_cache"] = args["k_cache"].to("meta")
+    with pytest.raises(ValueError, match=r"k_cache is on meta but q is on cpu; move them together"):
+        torch_bridge.decode_attention(**args)
+
+
+def test_unsupported_device():
+    args = {name: t.to("meta") for name, t in tensors().items()}
+    with pytest.raises(ValueError, match=r"tensors must be on a CUDA device or the CPU \(interpreter\), got meta"):
+        torch_bridge.decode_attention(**args)
+
+
+def test_non_contiguous_last_dim():
+    args = tensors()
+    args["q"] = torch.zeros(2, 64, 8).transpose(1, 2)
+    with pytest.raises(ValueError, match=r"q must have a contiguous last dimension \(stride 1\), got strides"):
+        torch_bridge.decode_attention(**args)
+
+
+def test_wrong_out():
+    with pytest.raises(ValueError, match=r"out must be torch.float16 of shape \(2, 8, 64\), got torch.float32"):
+        torch_bridge.decode_attention(**tensors(), out=torch.zeros(2, 8, 64))
+
+
+def test_not_a_tensor():
+    args = tensors()
+    args["seq_lens"] = [1, 2]
+    with pytest.raises(TypeError, match=r"seq_lens must be a torch.Tensor, got list"):
+        torch_bridge.decode_attention(**args)
+
+
+def _fwd_args():
+    t = tensors()
+    q, k, v, pt, sl = t["q"], t["k_cache"], t["v_cache"], t["page_table"], t["seq_lens"]
+    o = torch.zeros(2, 8, 64, dtype=torch.float16)
+    logits = torch.zeros(2, 8, 4, 65)
+    return [q, k, v, o, pt, sl, logits, 4, 0.1]
+
+
+def test_fwd_page_size_mismatch():
+    with pytest.raises(ValueError, match=r"k_buffer page_size \(4\) must equal page_size \(1\)"):
+        torch_bridge.decode_attention_fwd(*_fwd_args(), page_size=1)
+
+
+def test_fwd_three_d_needs_page_size_one():
+    args = _fwd_args()
+    args[1], args[2] = args[1][:, 0], args[2][:, 0]
+    with pytest.raises(ValueError, match=r"3-D k_buffer \[num_tokens, num_kv_heads, D\] needs page_size 1, got 4"):
+        torch_bridge.decode_attention_fwd(*args, page_size=4)
+
+
+def test_fwd_attn_logits_shape():
+    args = _fwd_args()
+    args[6] = torch.zeros(2, 8, 4, 64)
+    with pytest.raises(ValueError, match=r"attn_logits must be float32 of shape \(2, 8, 4, 65\)"):
+        torch_bridge.decode_attention_fwd(*args, page_size=4)

@@ -1,0 +1,67 @@
+"""Zero-copy exchange between torch tensors and JAX arrays through DLPack."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import torch
+
+SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
+
+
+def to_jax(tensor: torch.Tensor, *, copy: bool = False) -> jax.Array:
+    """The JAX array sharing ``tensor``'s memory (same device pointer).
+
+    JAX arrays are dense and row-major, so a non-contiguous tensor cannot be shared:
+    that raises ``ValueError`` unless ``copy=True`` asks for a contiguous copy.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        if not copy:
+            raise ValueError(
+                f"tensor with shape {tuple(tensor.shape)} and strides {tuple(tensor.stride())} is not contiguous, "
+                "so it cannot be shared with JAX without a copy; pass copy=True or call .contiguous()"
+            )
+        tensor = tensor.contiguous()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    array = jax.dlpack.from_dlpack(tensor)
+    if copy:
+        array = jnp.array(array, copy=True)
+    return array
+
+
+def to_torch(array: jax.Array, *, copy: bool = False) -> torch.Tensor:
+    """The torch tensor sharing ``array``'s memory (same device pointer); ``copy=True`` clones."""
+    if not isinstance(array, jax.Array):
+        raise TypeError(f"array must be a jax.Array, got {type(array).__name__}")
+    tensor = torch.from_dlpack(array)
+    return tensor.clone() if copy else tensor
+
+
+def jax_function(fn=None, *, static_argnames: tuple[str, ...] = ()):
+    """Wrap a JAX function so torch code calls it with tensors and gets tensors back.
+
+    Tensors in the arguments (any pytree) go in through :func:`to_jax`, array outputs
+    come back through :func:`to_torch`: zero-copy both ways.  ``fn`` is jitted once
+    (``jax.jit`` then compiles once per signature); ``static_argnames`` as for jax.jit.
+    """
+    if fn is None:
+        return functools.partial(jax_function, static_argnames=static_argnames)
+    jitted = jax.jit(fn, static_argnames=static_argnames)
+
+    def to_jax_leaf(x):
+        return to_jax(x) if isinstance(x, torch.Tensor) else x
+
+    def to_torch_leaf(x):
+        return to_torch(x) if isinstance(x, jax.Array) else x
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        args, kwargs = jax.tree_util.tree_map(to_jax_leaf, (args, kwargs))
+        return jax.tree_util.tree_map(to_torch_leaf, jitted(*args, **kwargs))
+
+    return wrapper

@@ -1,0 +1,215 @@
+"""PyTorch frontend: the kernels of ``jax_decode`` on torch tensors, as a torch custom op.
+
+CUDA tensors run the compiled kernels, CPU tensors run them in Triton's interpreter.
+Every launch goes through :func:`jax_decode.launch.make_launch_config` and
+:func:`jax_decode.torch_launch.launch_decode`, exactly as the JAX frontend's, so the
+same inputs give the same launch and bit-identical results.
+
+The op ``jax_decode::decode_attention_`` writes ``out``, ``lse`` and the float32
+``scratch`` in place and allocates nothing, so ``torch.compile(fullgraph=True)`` sees
+no graph break and a CUDA graph can capture and replay it.  ``scratch`` is either flat
+(the JAX frontend's layout: mid_o then mid_lse) or vLLM's ``attn_logits``
+``[batch, num_heads, num_kv_splits, head_dim_v + 1]`` (LSE in the last column).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from jax_decode.launch import DecodeProblem, DeviceInfo, LaunchConfig, make_launch_config
+from jax_decode.torch_launch import launch_decode
+from jax_decode.validation import check_decode_args, check_num_kv_splits
+
+
+@functools.cache
+def _cuda_device_info(index: int) -> DeviceInfo:
+    props = torch.cuda.get_device_properties(index)
+    if getattr(torch.version, "hip", None):
+        return DeviceInfo(vendor="amd", compute_capability=None, num_sms=props.multi_processor_count)
+    return DeviceInfo("nvidia", props.major * 10 + props.minor, props.multi_processor_count)
+
+
+def device_info(device: torch.device) -> DeviceInfo:
+    if device.type == "cuda":
+        return _cuda_device_info(device.index if device.index is not None else torch.cuda.current_device())
+    if device.type == "cpu":
+        return DeviceInfo.interpreter()
+    raise ValueError(f"tensors must be on a CUDA device or the CPU (interpreter), got {device}")
+
+
+_cached_launch_config = functools.cache(make_launch_config)
+
+
+def _launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None) -> LaunchConfig:
+    # Launch configs are plain Python and deterministic: cached, a call costs a dict
+    # lookup.  torch.compile traces the uncached function instead (same result).
+    if torch.compiler.is_compiling():
+        return make_launch_config(problem, device, num_kv_splits)
+    return _cached_launch_config(problem, device, num_kv_splits)
+
+
+def _split_scratch(scratch: torch.Tensor, config: LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mid_o, mid_lse) views of the scratch buffer, in either layout."""
+    dv = config.problem.head_dim_v
+    if scratch.dim() == 4:  # vLLM's attn_logits: [batch, num_heads, num_kv_splits, head_dim_v + 1]
+        return scratch[..., :dv], scratch[..., dv]
+    mid_o_size = config.mid_o_shape[0] * config.mid_o_shape[1] * config.mid_o_shape[2] * dv
+    return scratch[:mid_o_size].view(config.mid_o_shape), scratch[mid_o_size:].view(config.mid_lse_shape)
+
+
+@torch.library.custom_op("jax_decode::decode_attention_", mutates_args=("out", "lse", "scratch"))
+def _decode_attention_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scratch: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float,
+    head_dim_v: int,
+    v_from_k: bool,
+    num_kv_splits: int,
+) -> None:
+    problem = _problem(q, k_cache, None if v_from_k else v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap)
+    config = _launch_config(problem, device_info(q.device), num_kv_splits)
+    mid_o, mid_lse = _split_scratch(scratch, config)
+    launch_decode(
+        config, q, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse, out, lse,
+        interpret=q.device.type == "cpu",
+    )  # fmt: skip
+
+
+@_decode_attention_op.register_fake
+def _(q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch, sm_scale, logit_cap, head_dim_v, v_from_k,
+      num_kv_splits):  # fmt: skip
+    return None
+
+
+def _problem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap) -> DecodeProblem:
+    return check_decode_args(
+        q_shape=tuple(q.shape),
+        q_dtype=q.dtype,
+        k_shape=tuple(k_cache.shape),
+        k_dtype=k_cache.dtype,
+        v_shape=None if v_cache is None else tuple(v_cache.shape),
+        v_dtype=None if v_cache is None else v_cache.dtype,
+        page_table_shape=tuple(page_table.shape),
+        page_table_dtype=page_table.dtype,
+        seq_lens_shape=tuple(seq_lens.shape),
+        seq_lens_dtype=seq_lens.dtype,
+        head_dim_v=head_dim_v,
+        sm_scale=sm_scale,
+        logit_cap=logit_cap,
+    )
+
+
+def _check_tensors(named: dict[str, torch.Tensor | None]) -> None:
+    """Same device everywhere; contiguous last dimensions (the kernels' only stride rule)."""
+    present = {name: t for name, t in named.items() if t is not None}
+    for name, tensor in present.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    first_name, first = next(iter(present.items()))
+    device_info(first.device)
+    for name, tensor in present.items():
+        if tensor.device != first.device:
+            raise ValueError(f"{name} is on {tensor.device} but {first_name} is on {first.device}; move them together")
+        if tensor.dim() > 0 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+            raise ValueError(
+                f"{name} must have a contiguous last dimension (stride 1), got strides {tuple(tensor.stride())}; "
+                "pass .contiguous()"
+            )
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor | None,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    num_kv_splits: int | None = None,
+    head_dim_v: int | None = None,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``jax_decode.decode_attention`` for torch tensors: same shapes, semantics and errors.
+
+    ``out``, if given, is written in place (``[batch, num_heads, head_dim_v]``, q's
+    dtype and device; strided rows are fine).  Returns ``out`` or ``(out, lse)``.
+    """
+    _check_tensors(dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, out=out))
+    problem = _problem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap)
+    config = _launch_config(problem, device_info(q.device), check_num_kv_splits(num_kv_splits))
+    expected = (problem.batch, problem.num_heads, problem.head_dim_v)
+    if out is None:
+        out = q.new_empty(expected)
+    elif tuple(out.shape) != expected or out.dtype != q.dtype:
+        raise ValueError(f"out must be {q.dtype} of shape {expected}, got {out.dtype} of shape {tuple(out.shape)}")
+    lse = q.new_empty((problem.batch, problem.num_heads), dtype=torch.float32)
+    scratch_size = (problem.head_dim_v + 1) * config.mid_lse_shape[0] * config.mid_lse_shape[1] * config.num_kv_splits
+    scratch = q.new_empty((scratch_size,), dtype=torch.float32)
+    torch.ops.jax_decode.decode_attention_(
+        q, k_cache, k_cache if v_cache is None else v_cache, page_table, seq_lens, out, lse, scratch,
+        problem.sm_scale, problem.logit_cap, problem.head_dim_v, v_cache is None, config.num_kv_splits,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+def decode_attention_fwd(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    b_seq_len: torch.Tensor,
+    attn_logits: torch.Tensor,
+    num_kv_splits: int,
+    sm_scale: float,
+    page_size: int = 1,
+    logit_cap: float = 0.0,
+) -> None:
+    """Drop-in for vLLM 0.9's ``decode_attention_fwd``: writes ``o`` in place.
+
+    ``k_buffer``/``v_buffer`` are ``[num_tokens, num_kv_heads, D]`` (page_size 1) or
+    ``[num_pages, page_size, num_kv_heads, D]``; ``v_buffer`` may be a view such as
+    ``k_buffer[..., :512]`` (MLA), read without a copy (and, when it is exactly that
+    view, through the K tile already loaded).  ``attn_logits`` float32
+    ``[batch, num_heads, num_kv_splits, head_dim_v + 1]`` is the scratch.
+    """
+    if k_buffer.dim() == 3 and v_buffer.dim() == 3:
+        if page_size != 1:
+            raise ValueError(f"3-D k_buffer [num_tokens, num_kv_heads, D] needs page_size 1, got {page_size}")
+        k_buffer, v_buffer = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
+    if k_buffer.dim() == 4 and k_buffer.shape[1] != page_size:
+        raise ValueError(f"k_buffer page_size ({k_buffer.shape[1]}) must equal page_size ({page_size})")
+    _check_tensors(dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token,
+                        b_seq_len=b_seq_len, attn_logits=attn_logits))  # fmt: skip
+    v_from_k = (
+        v_buffer.data_ptr() == k_buffer.data_ptr()
+        and v_buffer.stride() == k_buffer.stride()
+        and v_buffer.shape[:-1] == k_buffer.shape[:-1]
+    )
+    problem = _problem(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len,
+                       v_buffer.shape[-1], sm_scale, logit_cap)  # fmt: skip
+    expected = (problem.batch, problem.num_heads, num_kv_splits, problem.head_dim_v + 1)
+    if tuple(attn_logits.shape) != expected or attn_logits.dtype != torch.float32:
+        raise ValueError(
+            f"attn_logits must be float32 of shape {expected} [batch, num_heads, num_kv_splits, head_dim_v + 1], "
+            f"got {attn_logits.dtype} of shape {tuple(attn_logits.shape)}"
+        )
+    if tuple(o.shape) != (problem.batch, problem.num_heads, problem.head_dim_v) or o.dtype != q.dtype:
+        raise ValueError(f"o must be {q.dtype} of shape {(problem.batch, problem.num_heads, problem.head_dim_v)}, "
+                         f"got {o.dtype} of shape {tuple(o.shape)}")  # fmt: skip
+    lse = q.new_empty((problem.batch, problem.num_heads), dtype=torch.float32)
+    torch.ops.jax_decode.decode_attention_(
+        q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits,
+        problem.sm_scale, problem.logit_cap, problem.head_dim_v, v_from_k, check_num_kv_splits(num_kv_splits),
+    )  # fmt: skip
