@@ -12,7 +12,7 @@ import functools
 import threading
 
 from jax_decode import kernels
-from jax_decode.launch import KernelLaunch, KernelStrides, LaunchConfig
+from jax_decode.launch import KernelStrides, LaunchConfig
 
 _INTERPRETER_LOCK = threading.Lock()
 
@@ -65,14 +65,23 @@ def _kernel(kernel_name: str):
     return kernels.STAGE1_KERNELS[kernel_name]
 
 
-def _run(launch: KernelLaunch, args: tuple, interpret: bool) -> None:
-    kernel = _kernel(launch.kernel_name)
-    options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages, **launch.meta())
+@functools.cache
+def _launches(config: LaunchConfig, strides: KernelStrides) -> tuple[tuple, tuple]:
+    """(kernel name, grid, launch kwargs) of both stages; cached so a call only looks it up."""
+    launches = []
+    for launch in (config.stage1(strides), config.stage2(strides)):
+        options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages, **launch.meta())
+        launches.append((launch.kernel_name, launch.grid, options))
+    return tuple(launches)
+
+
+def _run(kernel_name: str, grid: tuple, options: dict, args: tuple, interpret: bool) -> None:
+    kernel = _kernel(kernel_name)
     if interpret:
         with _interpreting():
-            _interpreted(kernel.fn)[launch.grid](*args, **options)
+            _interpreted(kernel.fn)[grid](*args, **options)
     else:
-        kernel[launch.grid](*args, **options)
+        kernel[grid](*args, **options)
 
 
 def strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse) -> KernelStrides:
@@ -99,7 +108,6 @@ def launch_decode(
     """
     if config.problem.batch == 0:
         return
-    strides = strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse)
-    stage1_args = (q, k, v, page_table, seq_lens, config.problem.num_pages, mid_o, mid_lse)
-    _run(config.stage1(strides), stage1_args, interpret)
-    _run(config.stage2(strides), (mid_o, mid_lse, out, lse), interpret)
+    stage1, stage2 = _launches(config, strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse))
+    _run(*stage1, (q, k, v, page_table, seq_lens, config.problem.num_pages, mid_o, mid_lse), interpret)
+    _run(*stage2, (mid_o, mid_lse, out, lse), interpret)

@@ -97,7 +97,8 @@ def test_torch_compile_fullgraph():
     tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
 
     def layer(q, k, v, pt, sl):
-        return torch_bridge.decode_attention(q * 2, k, v, pt, sl, num_kv_splits=2).sum(-1)
+        # Only exact elementwise work around the op, so compiled and eager must agree bit for bit.
+        return torch_bridge.decode_attention(q * 2, k, v, pt, sl, num_kv_splits=2) * 0.5
 
     compiled = torch.compile(layer, fullgraph=True, backend="inductor" if HAS_GPU else "aot_eager")
     torch.testing.assert_close(compiled(*tensors), layer(*tensors), atol=0, rtol=0)

@@ -39,15 +39,45 @@ def device_info(device: torch.device) -> DeviceInfo:
     raise ValueError(f"tensors must be on a CUDA device or the CPU (interpreter), got {device}")
 
 
-_cached_launch_config = functools.cache(make_launch_config)
+def _plan_uncached(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits, device):
+    """Check the arguments (shapes, dtypes, scalars) and make the launch config."""
+    problem = _problem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap)
+    return make_launch_config(problem, device_info(device), check_num_kv_splits(num_kv_splits))
 
 
-def _launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None) -> LaunchConfig:
-    # Launch configs are plain Python and deterministic: cached, a call costs a dict
-    # lookup.  torch.compile traces the uncached function instead (same result).
+_plan_cached = functools.lru_cache(maxsize=4096)(_plan_uncached)
+
+
+class _Spec(tuple):
+    """(shape, dtype) of a tensor: hashable, and all that the checks read."""
+
+    @property
+    def shape(self):
+        return self[0]
+
+    @property
+    def dtype(self):
+        return self[1]
+
+
+def _plan(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits) -> LaunchConfig:
+    """The launch config for these tensors; cached on shapes, dtypes and options.
+
+    Checks and config are pure functions of (shape, dtype, options, device), so an
+    eager call pays one dict lookup; torch.compile traces the uncached function.
+    """
+    specs = [
+        None if t is None else _Spec((tuple(t.shape), t.dtype)) for t in (q, k_cache, v_cache, page_table, seq_lens)
+    ]
+    args = (*specs, head_dim_v, sm_scale, logit_cap, num_kv_splits, q.device)
     if torch.compiler.is_compiling():
-        return make_launch_config(problem, device, num_kv_splits)
-    return _cached_launch_config(problem, device, num_kv_splits)
+        return _plan_uncached(*args)
+    try:
+        return _plan_cached(*args)
+    except TypeError as error:
+        if "unhashable" not in str(error):
+            raise
+        return _plan_uncached(*args)  # an unhashable option: let the checks name it
 
 
 def _split_scratch(scratch: torch.Tensor, config: LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,13 +105,33 @@ def _decode_attention_op(
     v_from_k: bool,
     num_kv_splits: int,
 ) -> None:
-    problem = _problem(q, k_cache, None if v_from_k else v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap)
-    config = _launch_config(problem, device_info(q.device), num_kv_splits)
+    v_spec = None if v_from_k else v_cache
+    config = _plan(q, k_cache, v_spec, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits)
+    _launch(config, q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch)
+
+
+def _launch(config: LaunchConfig, q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch) -> None:
     mid_o, mid_lse = _split_scratch(scratch, config)
     launch_decode(
         config, q, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse, out, lse,
         interpret=q.device.type == "cpu",
     )  # fmt: skip
+
+
+def _run_op(config: LaunchConfig, q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch) -> None:
+    """Through the custom op under torch.compile (opaque to it); directly otherwise.
+
+    The op's dispatch costs tens of microseconds per call, and eager callers (CUDA
+    graph capture included) do not need it.
+    """
+    if torch.compiler.is_compiling():
+        p = config.problem
+        torch.ops.jax_decode.decode_attention_(
+            q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch,
+            p.sm_scale, p.logit_cap, p.head_dim_v, p.v_from_k, config.num_kv_splits,
+        )  # fmt: skip
+    else:
+        _launch(config, q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch)
 
 
 @_decode_attention_op.register_fake
@@ -146,8 +196,8 @@ def decode_attention(
     dtype and device; strided rows are fine).  Returns ``out`` or ``(out, lse)``.
     """
     _check_tensors(dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, out=out))
-    problem = _problem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap)
-    config = _launch_config(problem, device_info(q.device), check_num_kv_splits(num_kv_splits))
+    config = _plan(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits)
+    problem = config.problem
     expected = (problem.batch, problem.num_heads, problem.head_dim_v)
     if out is None:
         out = q.new_empty(expected)
@@ -156,10 +206,7 @@ def decode_attention(
     lse = q.new_empty((problem.batch, problem.num_heads), dtype=torch.float32)
     scratch_size = (problem.head_dim_v + 1) * config.mid_lse_shape[0] * config.mid_lse_shape[1] * config.num_kv_splits
     scratch = q.new_empty((scratch_size,), dtype=torch.float32)
-    torch.ops.jax_decode.decode_attention_(
-        q, k_cache, k_cache if v_cache is None else v_cache, page_table, seq_lens, out, lse, scratch,
-        problem.sm_scale, problem.logit_cap, problem.head_dim_v, v_cache is None, config.num_kv_splits,
-    )  # fmt: skip
+    _run_op(config, q, k_cache, k_cache if v_cache is None else v_cache, page_table, seq_lens, out, lse, scratch)
     return (out, lse) if return_lse else out
 
 
@@ -197,8 +244,9 @@ def decode_attention_fwd(
         and v_buffer.stride() == k_buffer.stride()
         and v_buffer.shape[:-1] == k_buffer.shape[:-1]
     )
-    problem = _problem(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len,
-                       v_buffer.shape[-1], sm_scale, logit_cap)  # fmt: skip
+    config = _plan(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len, v_buffer.shape[-1],
+                   sm_scale, logit_cap, num_kv_splits)  # fmt: skip
+    problem = config.problem
     expected = (problem.batch, problem.num_heads, num_kv_splits, problem.head_dim_v + 1)
     if tuple(attn_logits.shape) != expected or attn_logits.dtype != torch.float32:
         raise ValueError(
@@ -209,7 +257,4 @@ def decode_attention_fwd(
         raise ValueError(f"o must be {q.dtype} of shape {(problem.batch, problem.num_heads, problem.head_dim_v)}, "
                          f"got {o.dtype} of shape {tuple(o.shape)}")  # fmt: skip
     lse = q.new_empty((problem.batch, problem.num_heads), dtype=torch.float32)
-    torch.ops.jax_decode.decode_attention_(
-        q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits,
-        problem.sm_scale, problem.logit_cap, problem.head_dim_v, v_from_k, check_num_kv_splits(num_kv_splits),
-    )  # fmt: skip
+    _run_op(config, q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits)
