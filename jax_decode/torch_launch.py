@@ -86,15 +86,16 @@ def _run(kernel_name: str, grid: tuple, options: dict, args: tuple, interpret: b
 
 def strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse) -> KernelStrides:
     """KernelStrides of torch tensors (their last dimensions must be contiguous)."""
+    k_s, v_s, mo_s, ml_s = k.stride(), v.stride(), mid_o.stride(), mid_lse.stride()
     return KernelStrides(
-        q=(q.stride(0), q.stride(1)),
-        k=(k.stride(0), k.stride(1), k.stride(2)),
-        v=(v.stride(0), v.stride(1), v.stride(2)),
+        q=q.stride()[:2],
+        k=k_s[:3],
+        v=v_s[:3],
         page_table=page_table.stride(0),
-        mid_o=(mid_o.stride(0), mid_o.stride(1), mid_o.stride(2)),
-        mid_lse=(mid_lse.stride(0), mid_lse.stride(1), mid_lse.stride(2)),
-        out=(out.stride(0), out.stride(1)),
-        lse=(lse.stride(0), lse.stride(1)),
+        mid_o=mo_s[:3],
+        mid_lse=ml_s[:3],
+        out=out.stride()[:2],
+        lse=lse.stride()[:2],
     )
 
 

@@ -158,22 +158,28 @@ def _problem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, lo
     )
 
 
-def _check_tensors(named: dict[str, torch.Tensor | None]) -> None:
+def _check_tensors(names: tuple[str, ...], tensors: tuple) -> None:
     """Same device everywhere; contiguous last dimensions (the kernels' only stride rule)."""
-    present = {name: t for name, t in named.items() if t is not None}
-    for name, tensor in present.items():
+    first_name, first_device = None, None
+    for name, tensor in zip(names, tensors, strict=True):
+        if tensor is None:
+            continue
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    first_name, first = next(iter(present.items()))
-    device_info(first.device)
-    for name, tensor in present.items():
-        if tensor.device != first.device:
-            raise ValueError(f"{name} is on {tensor.device} but {first_name} is on {first.device}; move them together")
-        if tensor.dim() > 0 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        if first_device is None:
+            first_name, first_device = name, tensor.device
+            device_info(first_device)
+        elif tensor.device != first_device:
+            raise ValueError(f"{name} is on {tensor.device} but {first_name} is on {first_device}; move them together")
+        if tensor.dim() > 0 and tensor.stride(-1) != 1 and tensor.shape[-1] > 1:
             raise ValueError(
                 f"{name} must have a contiguous last dimension (stride 1), got strides {tuple(tensor.stride())}; "
                 "pass .contiguous()"
             )
+
+
+_DECODE_NAMES = ("q", "k_cache", "v_cache", "page_table", "seq_lens", "out")
+_FWD_NAMES = ("q", "k_buffer", "v_buffer", "o", "req_to_token", "b_seq_len", "attn_logits")
 
 
 def decode_attention(
@@ -195,7 +201,7 @@ def decode_attention(
     ``out``, if given, is written in place (``[batch, num_heads, head_dim_v]``, q's
     dtype and device; strided rows are fine).  Returns ``out`` or ``(out, lse)``.
     """
-    _check_tensors(dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, out=out))
+    _check_tensors(_DECODE_NAMES, (q, k_cache, v_cache, page_table, seq_lens, out))
     config = _plan(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits)
     problem = config.problem
     expected = (problem.batch, problem.num_heads, problem.head_dim_v)
@@ -237,8 +243,7 @@ def decode_attention_fwd(
         k_buffer, v_buffer = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
     if k_buffer.dim() == 4 and k_buffer.shape[1] != page_size:
         raise ValueError(f"k_buffer page_size ({k_buffer.shape[1]}) must equal page_size ({page_size})")
-    _check_tensors(dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token,
-                        b_seq_len=b_seq_len, attn_logits=attn_logits))  # fmt: skip
+    _check_tensors(_FWD_NAMES, (q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits))
     v_from_k = (
         v_buffer.data_ptr() == k_buffer.data_ptr()
         and v_buffer.stride() == k_buffer.stride()
