@@ -14,17 +14,9 @@ import torch
 import triton
 
 from jax_decode.launch import DeviceInfo, make_launch_config
+from jax_decode.synthetic import SEED_SHAPES
 from jax_decode.torch_launch import launch_decode
 from jax_decode.validation import check_decode_args
-
-SHAPES = {
-    "GQA 32/8 d128 b32 ctx4096": (32, 32, 8, 128, 128, 4096, 16, False),
-    "GQA 32/8 d128 b128 ctx8192": (128, 32, 8, 128, 128, 8192, 16, False),
-    "GQA 32/8 d128 b1 ctx32768": (1, 32, 8, 128, 128, 32768, 16, False),
-    "MHA 32/32 d128 b64 ctx2048": (64, 32, 32, 128, 128, 2048, 16, False),
-    "MQA 8/1 d256 b8 ctx8192": (8, 8, 1, 256, 256, 8192, 16, False),
-    "MLA 16/1 576/512 page1 b64 ctx4096": (64, 16, 1, 576, 512, 4096, 1, True),
-}
 
 
 def bench_shape(name, dims, device, decode_attention_fwd) -> dict:
@@ -80,7 +72,7 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0)
     device = DeviceInfo("nvidia", props.major * 10 + props.minor, props.multi_processor_count)
     results = []
-    for name, dims in SHAPES.items():
+    for name, dims in SEED_SHAPES.items():
         r = bench_shape(name, dims, device, decode_attention_fwd)
         results.append(r)
         print(f"{name:<36} ours {r['ours_ms']:.3f} ms {r['ours_tbps']:.2f} TB/s (splits {r['splits']})  "

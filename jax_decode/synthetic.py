@@ -12,6 +12,18 @@ from collections.abc import Sequence
 import ml_dtypes
 import numpy as np
 
+# The six shapes of the seed's published H200 table (bf16): name -> (batch, num_heads,
+# num_kv_heads, head_dim_qk, head_dim_v, context, page_size, mla).  Shared by the GPU
+# tests and the benchmarks.
+SEED_SHAPES = {
+    "GQA 32/8 d128 b32 ctx4096": (32, 32, 8, 128, 128, 4096, 16, False),
+    "GQA 32/8 d128 b128 ctx8192": (128, 32, 8, 128, 128, 8192, 16, False),
+    "GQA 32/8 d128 b1 ctx32768": (1, 32, 8, 128, 128, 32768, 16, False),
+    "MHA 32/32 d128 b64 ctx2048": (64, 32, 32, 128, 128, 2048, 16, False),
+    "MQA 8/1 d256 b8 ctx8192": (8, 8, 1, 256, 256, 8192, 16, False),
+    "MLA 16/1 576/512 page1 b64 ctx4096": (64, 16, 1, 576, 512, 4096, 1, True),
+}
+
 NUMPY_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 
 

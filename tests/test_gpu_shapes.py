@@ -14,18 +14,9 @@ from support import OUT_TOL
 
 import jax_decode
 from jax_decode.reference import decode_attention_reference
+from jax_decode.synthetic import SEED_SHAPES
 
 pytestmark = pytest.mark.gpu
-
-SEED_SHAPES = {
-    # name: (batch, num_heads, num_kv_heads, head_dim_qk, head_dim_v, context, page_size, mla)
-    "gqa_b32_ctx4096": (32, 32, 8, 128, 128, 4096, 16, False),
-    "gqa_b128_ctx8192": (128, 32, 8, 128, 128, 8192, 16, False),
-    "gqa_b1_ctx32768": (1, 32, 8, 128, 128, 32768, 16, False),
-    "mha_b64_ctx2048": (64, 32, 32, 128, 128, 2048, 16, False),
-    "mqa_d256_b8_ctx8192": (8, 8, 1, 256, 256, 8192, 16, False),
-    "mla_b64_ctx4096_page1": (64, 16, 1, 576, 512, 4096, 1, True),
-}
 
 
 def _device_problem(batch, num_heads, num_kv_heads, dqk, dv, context, page_size, mla, seed=0):
