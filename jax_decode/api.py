@@ -15,8 +15,11 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from jax_decode import triton_backend
+from jax_decode.interpret_backend import decode_attention_interpret
 from jax_decode.launch import DeviceInfo, make_launch_config
 from jax_decode.validation import check_decode_args, check_num_kv_splits
+from jax_decode.xla_backend import decode_attention_xla
 
 Backend = Literal["auto", "triton", "xla", "interpret"]
 BACKENDS = ("auto", "triton", "xla", "interpret")
@@ -87,17 +90,11 @@ def decode_attention(
         out = jnp.zeros((0, problem.num_heads, problem.head_dim_v), q.dtype)
         lse = jnp.zeros((0, problem.num_heads), jnp.float32)
     elif backend == "xla":
-        from jax_decode.xla_backend import decode_attention_xla
-
         out, lse = decode_attention_xla(*args, problem)
     elif backend == "interpret":
-        from jax_decode.interpret_backend import decode_attention_interpret
-
         config = make_launch_config(problem, DeviceInfo.interpreter(), num_kv_splits)
         out, lse = decode_attention_interpret(*args, config)
     else:
-        from jax_decode import triton_backend
-
         device = triton_backend.target_device()
         usable = device is not None and triton_backend.jax_triton_available()
         if backend == "triton" and not usable:
@@ -106,8 +103,6 @@ def decode_attention(
                 "jax_decode.compile_target(...) to lower for one); use backend='xla' on CPU"
             )
         if usable:
-            from jax_decode.xla_backend import decode_attention_xla
-
             config = make_launch_config(problem, device, num_kv_splits)
 
             def on_gpu():
@@ -120,7 +115,5 @@ def decode_attention(
                     cuda=on_gpu, rocm=on_gpu, default=lambda: decode_attention_xla(*args, problem)
                 )
         else:
-            from jax_decode.xla_backend import decode_attention_xla
-
             out, lse = decode_attention_xla(*args, problem)
     return (out, lse) if return_lse else out
