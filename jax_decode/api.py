@@ -10,6 +10,7 @@ Dimension names::
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import jax
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 from jax_decode import triton_backend
 from jax_decode.interpret_backend import decode_attention_interpret
 from jax_decode.launch import DeviceInfo, make_launch_config
-from jax_decode.validation import check_decode_args, check_num_kv_splits
+from jax_decode.validation import check_decode_args, check_index_values, check_num_kv_splits
 from jax_decode.xla_backend import decode_attention_xla
 
 Backend = Literal["auto", "triton", "xla", "interpret"]
@@ -38,6 +39,7 @@ def decode_attention(
     head_dim_v: int | None = None,
     return_lse: bool = False,
     backend: Backend = "auto",
+    check_inputs: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Attention of one new query token per row over that row's paged KV cache.
 
@@ -61,6 +63,12 @@ def decode_attention(
         JAX, any platform), ``"interpret"`` (the kernels in Triton's interpreter on the
         host; needs torch; for testing), or ``"auto"``: triton on GPU, xla elsewhere,
         chosen when the function is lowered for a platform.
+      check_inputs: also check the values of ``page_table`` and ``seq_lens`` when the
+        call runs (a host callback; it synchronises, so it is for debugging): a
+        ``seq_lens`` entry outside ``[0, max_pages * page_size]`` or a page id outside
+        ``[0, num_pages)`` on a row's used pages makes the call fail with a message
+        naming the entry.  Off by default, and then it costs nothing; the kernels never
+        touch memory out of bounds either way (see the README for what such inputs return).
 
     Returns:
       ``out [batch, num_heads, head_dim_v]`` in q's dtype, and with ``return_lse``
@@ -84,6 +92,9 @@ def decode_attention(
         logit_cap=logit_cap,
     )
     num_kv_splits = check_num_kv_splits(num_kv_splits)
+    if check_inputs:
+        check = functools.partial(check_index_values, num_pages=problem.num_pages, page_size=problem.page_size)
+        jax.debug.callback(check, page_table, seq_lens)
     args = (q, k_cache, v_cache, page_table, seq_lens)
 
     if problem.batch == 0:

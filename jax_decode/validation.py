@@ -151,3 +151,30 @@ def check_decode_args(
         sm_scale=scale,
         logit_cap=cap,
     )
+
+
+def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int) -> None:
+    """The checked mode's run-time rule, on host (NumPy) copies of the index arrays.
+
+    Every ``seq_lens[b]`` must be in ``[0, max_pages * page_size]``, and every page
+    that a row's tokens live on (``page_table[b, :ceil(seq_lens[b] / page_size)]``)
+    must be in ``[0, num_pages)``; entries past a row's length are never read and may
+    hold anything (-1 padding, stale ids).  Raises ValueError naming the first offender.
+    """
+    import numpy as np
+
+    page_table, seq_lens = np.asarray(page_table), np.asarray(seq_lens)
+    capacity = page_table.shape[1] * page_size
+    for row in np.flatnonzero((seq_lens < 0) | (seq_lens > capacity))[:1]:
+        raise ValueError(
+            f"seq_lens[{row}] = {seq_lens[row]} is outside [0, {capacity}] "
+            f"(max_pages {page_table.shape[1]} * page_size {page_size})"
+        )
+    pages_used = -(-seq_lens.astype(np.int64) // page_size)  # [batch]
+    used = np.arange(page_table.shape[1])[None, :] < pages_used[:, None]
+    bad = used & ((page_table < 0) | (page_table >= num_pages))
+    for row, col in np.argwhere(bad)[:1]:
+        raise ValueError(
+            f"page_table[{row}, {col}] = {page_table[row, col]} is outside [0, num_pages = {num_pages}) "
+            f"but holds tokens of row {row} (seq_lens[{row}] = {seq_lens[row]})"
+        )

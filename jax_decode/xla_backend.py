@@ -29,6 +29,9 @@ def decode_attention_xla(q, k_cache, v_cache, page_table, seq_lens, problem: Dec
     lengths = jnp.clip(seq_lens, 0, p.capacity)
     token_ok = (positions[None, :] < lengths[:, None]) & jnp.repeat(page_ok, p.page_size, axis=1)
 
+    # Zero the values of masked tokens: weight 0 times a stale NaN/inf would still be NaN.
+    values = jnp.where(token_ok[:, :, None, None], values, 0.0)
+
     grouped_q = q.astype(jnp.float32).reshape(p.batch, p.num_kv_heads, p.kv_group, p.head_dim_qk)
     hi = jax.lax.Precision.HIGHEST
     scores = jnp.einsum("bkgd,btkd->bkgt", grouped_q, keys, precision=hi) * p.sm_scale

@@ -2,6 +2,19 @@ from __future__ import annotations
 
 import jax
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests: a fixed, small set of examples in CI ("ci", the default); many more,
+# freshly drawn, with --hypothesis-profile=thorough.
+settings.register_profile(
+    "ci", max_examples=12, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def pytest_configure(config):
+    if not config.getoption("hypothesis_profile", None):
+        settings.load_profile("ci")
 
 
 def _has_gpu() -> bool:

@@ -20,7 +20,7 @@ import torch
 
 from jax_decode.launch import DecodeProblem, DeviceInfo, LaunchConfig, make_launch_config
 from jax_decode.torch_launch import launch_decode
-from jax_decode.validation import check_decode_args, check_num_kv_splits
+from jax_decode.validation import check_decode_args, check_index_values, check_num_kv_splits
 
 
 @functools.cache
@@ -160,22 +160,31 @@ def _problem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, lo
 
 def _check_tensors(names: tuple[str, ...], tensors: tuple) -> None:
     """Same device everywhere; contiguous last dimensions (the kernels' only stride rule)."""
-    first_name, first_device = None, None
+    first = None
     for name, tensor in zip(names, tensors, strict=True):
         if tensor is None:
             continue
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if first_device is None:
-            first_name, first_device = name, tensor.device
-            device_info(first_device)
-        elif tensor.device != first_device:
-            raise ValueError(f"{name} is on {tensor.device} but {first_name} is on {first_device}; move them together")
+        if first is None:
+            first = (name, tensor)
+            device_info(tensor.device)
+        # get_device() (an int: the CUDA index, -1 elsewhere) is much cheaper than .device.
+        elif (index := tensor.get_device()) != first[1].get_device() or (
+            index < 0 and tensor.device != first[1].device
+        ):
+            raise ValueError(f"{name} is on {tensor.device} but {first[0]} is on {first[1].device}; move them together")
         if tensor.dim() > 0 and tensor.stride(-1) != 1 and tensor.shape[-1] > 1:
             raise ValueError(
                 f"{name} must have a contiguous last dimension (stride 1), got strides {tuple(tensor.stride())}; "
                 "pass .contiguous()"
             )
+
+
+def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: LaunchConfig) -> None:
+    """check_inputs=True: the shared run-time rule on host copies of the index tensors."""
+    p = config.problem
+    check_index_values(page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size)
 
 
 _DECODE_NAMES = ("q", "k_cache", "v_cache", "page_table", "seq_lens", "out")
@@ -195,14 +204,19 @@ def decode_attention(
     head_dim_v: int | None = None,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
+    check_inputs: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``jax_decode.decode_attention`` for torch tensors: same shapes, semantics and errors.
 
     ``out``, if given, is written in place (``[batch, num_heads, head_dim_v]``, q's
     dtype and device; strided rows are fine).  Returns ``out`` or ``(out, lse)``.
+    ``check_inputs=True`` checks the values of ``page_table`` and ``seq_lens`` first
+    and raises ValueError on a bad one (it copies them to the host: eager use only).
     """
     _check_tensors(_DECODE_NAMES, (q, k_cache, v_cache, page_table, seq_lens, out))
     config = _plan(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits)
+    if check_inputs:
+        _check_values(page_table, seq_lens, config)
     problem = config.problem
     expected = (problem.batch, problem.num_heads, problem.head_dim_v)
     if out is None:
@@ -228,6 +242,8 @@ def decode_attention_fwd(
     sm_scale: float,
     page_size: int = 1,
     logit_cap: float = 0.0,
+    *,
+    check_inputs: bool = False,
 ) -> None:
     """Drop-in for vLLM 0.9's ``decode_attention_fwd``: writes ``o`` in place.
 
@@ -261,5 +277,7 @@ def decode_attention_fwd(
     if tuple(o.shape) != (problem.batch, problem.num_heads, problem.head_dim_v) or o.dtype != q.dtype:
         raise ValueError(f"o must be {q.dtype} of shape {(problem.batch, problem.num_heads, problem.head_dim_v)}, "
                          f"got {o.dtype} of shape {tuple(o.shape)}")  # fmt: skip
+    if check_inputs:
+        _check_values(req_to_token, b_seq_len, config)
     lse = q.new_empty((problem.batch, problem.num_heads), dtype=torch.float32)
     _run_op(config, q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits)

@@ -1,0 +1,90 @@
+"""check_inputs=True: bad page ids and lengths raise a clear error at run time, in both frameworks.
+
+The rule (jax_decode.validation.check_index_values) reads only the pages a row's tokens
+live on, so -1 padding past a row's length is accepted.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+from cases import GQA4
+from support import device_arrays
+from torch_support import to_tensor
+
+import jax_decode
+import torch_bridge
+
+# (what to break, expected message).  GQA4 rows have lengths [0, 1, 32, 64], page 16,
+# max_pages 4 (capacity 64).
+BAD_VALUES = {
+    "negative_length": (lambda p: p.seq_lens.__setitem__(2, -1), r"seq_lens\[2\] = -1 is outside \[0, 64\]"),
+    "length_past_capacity": (lambda p: p.seq_lens.__setitem__(3, 65), r"seq_lens\[3\] = 65 is outside \[0, 64\]"),
+    "negative_page": (
+        lambda p: p.page_table.__setitem__((2, 1), -1),
+        r"page_table\[2, 1\] = -1 is outside \[0, num_pages = \d+\) but holds tokens of row 2",
+    ),
+    "page_past_cache": (
+        lambda p: p.page_table.__setitem__((1, 0), p.k_cache.shape[0]),
+        r"page_table\[1, 0\] = \d+ is outside \[0, num_pages = \d+\)",
+    ),
+}
+
+
+def _problem(break_it=None):
+    problem = GQA4.problem()
+    problem.page_table[0, :] = -1  # row 0 is empty: its entries are never read
+    problem.page_table[2, 2:] = -1  # row 2 uses two of its four pages
+    if break_it is not None:
+        break_it(problem)
+    return problem
+
+
+@pytest.mark.parametrize("name", BAD_VALUES)
+def test_jax_checked_mode_raises_at_run_time(name):
+    break_it, message = BAD_VALUES[name]
+    fn = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla", check_inputs=True))
+    with pytest.raises(Exception, match=message):
+        jax.block_until_ready(fn(*device_arrays(_problem(break_it))))
+
+
+@pytest.mark.parametrize("name", BAD_VALUES)
+def test_torch_checked_mode_raises_eagerly(name):
+    break_it, message = BAD_VALUES[name]
+    tensors = [to_tensor(a) for a in _problem(break_it).arrays]
+    with pytest.raises(ValueError, match=message):
+        torch_bridge.decode_attention(*tensors, check_inputs=True)
+
+
+def test_vllm_drop_in_checked_mode():
+    problem = _problem(BAD_VALUES["negative_page"][0])
+    q, k, v, pt, sl = (to_tensor(a) for a in problem.arrays)
+    o = torch.empty(4, 8, 64)
+    logits = torch.empty(4, 8, 2, 65)
+    with pytest.raises(ValueError, match=BAD_VALUES["negative_page"][1]):
+        torch_bridge.decode_attention_fwd(q, k, v, o, pt, sl, logits, 2, 0.125, 16, check_inputs=True)
+
+
+def test_checked_mode_accepts_padding_and_changes_nothing():
+    problem = _problem()
+    arrays = device_arrays(problem)
+    checked = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla", check_inputs=True))(*arrays)
+    plain = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla"))(*arrays)
+    np.testing.assert_array_equal(np.asarray(checked), np.asarray(plain))
+    tensors = [to_tensor(a) for a in problem.arrays]
+    torch.testing.assert_close(
+        torch_bridge.decode_attention(*tensors, check_inputs=True, num_kv_splits=2),
+        torch_bridge.decode_attention(*tensors, num_kv_splits=2),
+        atol=0,
+        rtol=0,
+    )
+
+
+def test_checked_mode_off_adds_no_callback():
+    arrays = device_arrays(_problem())
+    text = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla")).lower(*arrays).as_text()
+    assert "callback" not in text
+    checked = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla", check_inputs=True))
+    assert "callback" in checked.lower(*arrays).as_text()
