@@ -9,7 +9,7 @@ Dimension names (used in every ``# [shape]`` comment below)::
     batch, num_heads, num_kv_heads, head_dim_qk, head_dim_v,
     num_pages, page_size, max_pages, num_kv_splits
 
-Stage 1 (one program per batch row x head block x KV split) walks its share of the
+Stage 1 (one program per head block x batch row x KV split) walks its share of the
 sequence page by page and writes a partial, already normalised output and its natural
 log-sum-exp.  Stage 2 (one program per batch row x head) merges the splits by LSE.
 
@@ -139,8 +139,10 @@ def _decode_stage1_mha(
     NUM_KV_SPLITS: tl.constexpr,
 ):
     """One query head per program: q.k by multiply-and-reduce (no tensor cores needed)."""
-    batch_idx = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    # Heads on the fastest grid axis: programs launched together read neighbouring
+    # heads of the same tokens (contiguous rows of the cache).
+    head = tl.program_id(0)
+    batch_idx = tl.program_id(1).to(tl.int64)
     split_idx = tl.program_id(2)
     kv_head = head // KV_GROUP
 
@@ -247,8 +249,11 @@ def _decode_stage1_grouped(
     """
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(not V_FROM_K or (BLOCK_DV == BLOCK_DMODEL and HEAD_DIM_V == BLOCK_DMODEL))
-    batch_idx = tl.program_id(0).to(tl.int64)
-    head_block = tl.program_id(1)
+    # Head blocks on the fastest grid axis: the HEAD_BLOCKS programs that share a KV
+    # head (and the programs of neighbouring KV heads) run together, so a K/V tile
+    # fetched for one is served to the others from L2.
+    head_block = tl.program_id(0)
+    batch_idx = tl.program_id(1).to(tl.int64)
     split_idx = tl.program_id(2)
     kv_head = head_block // HEAD_BLOCKS
 

@@ -25,6 +25,12 @@ MAX_AUTO_KV_SPLITS = 64
 MAX_KV_SPLITS = 256
 # Each automatically chosen split gets at least this many KV blocks of work.
 MIN_BLOCKS_PER_SPLIT = 4
+# Automatic splits aim at this many stage-1 programs per SM ...
+PROGRAMS_PER_SM = 4
+# ... and at no program walking more tokens than this.
+MAX_TOKENS_PER_SPLIT = 1024
+# Stage 1 puts the batch on grid axis 1, which CUDA limits to 65535.
+MAX_BATCH = 65535
 # tl.dot needs at least 16 along each dimension.
 MIN_DOT_DIM = 16
 
@@ -152,8 +158,8 @@ class LaunchConfig:
     def stage1_grid(self) -> tuple[int, int, int]:
         p = self.problem
         if self.variant == "mha":
-            return (p.batch, p.num_heads, self.num_kv_splits)
-        return (p.batch, p.num_kv_heads * self.head_blocks, self.num_kv_splits)
+            return (p.num_heads, p.batch, self.num_kv_splits)
+        return (p.num_kv_heads * self.head_blocks, p.batch, self.num_kv_splits)
 
     @property
     def stage2_grid(self) -> tuple[int, int, int]:
@@ -263,11 +269,45 @@ def split_head_dim(head_dim: int) -> tuple[int, int]:
 
 
 def choose_num_kv_splits(problem: DecodeProblem, device: DeviceInfo, programs_per_split: int, block_n: int) -> int:
-    """Enough splits to fill the device about twice, but never splits of < a few blocks."""
-    target_programs = 2 * device.num_sms
-    wanted = cdiv(target_programs, max(programs_per_split, 1))
+    """Splits that keep every SM busy and no program's walk too long.
+
+    Measured on an H200 (docs/performance.md): bandwidth peaks near
+    ``PROGRAMS_PER_SM`` programs per SM, and rows walked by one program in long
+    sequential loops lose to shorter splits even when the grid is already full (the
+    last wave runs with idle SMs).  The merge in stage 2 bounds the useful count.
+    """
+    wanted = cdiv(PROGRAMS_PER_SM * device.num_sms, max(programs_per_split, 1))
+    short_walks = cdiv(problem.capacity, MAX_TOKENS_PER_SPLIT)
     most_useful = max(1, cdiv(problem.capacity, block_n * MIN_BLOCKS_PER_SPLIT))
-    return max(1, min(wanted, most_useful, MAX_AUTO_KV_SPLITS))
+    return max(1, min(max(wanted, short_walks), most_useful, MAX_AUTO_KV_SPLITS))
+
+
+def shared_memory_budget(device: DeviceInfo) -> int:
+    """Bytes of shared memory a program may plan on for its pipelined K/V tiles."""
+    cc = device.compute_capability or 0
+    if device.vendor != "nvidia":
+        return 64 * 1024
+    if cc >= 90:  # 227 KB per SM on sm_90
+        return 200 * 1024
+    if cc in (80, 87):  # 163 KB on A100 / Orin
+        return 144 * 1024
+    return 88 * 1024  # 99 KB on sm_86 / sm_89; 96+ KB on older parts
+
+
+def _grouped_blocks(p: DecodeProblem, device: DeviceInfo, block_dmodel: int, block_dpe: int, block_dv: int):
+    """(BLOCK_N, num_stages) of the grouped kernel: 64 tokens and 2 stages, which the
+    H200 sweep found best for GQA, and 3 stages for wide heads (MQA d256, MLA), where
+    it found them best -- as far as the K/V tiles fit the shared-memory budget."""
+    itemsize = {"float32": 4}.get(p.dtype, 2)
+    row_bytes = (block_dmodel + block_dpe + (0 if p.v_from_k else block_dv)) * itemsize
+    block_n, stages = 64, (3 if block_dmodel + block_dpe >= 256 else 2)
+    budget = shared_memory_budget(device)
+    while stages * block_n * row_bytes > budget and (stages > 2 or block_n > 16):
+        if stages > 2:
+            stages -= 1
+        else:
+            block_n //= 2
+    return block_n, stages
 
 
 def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None = None) -> LaunchConfig:
@@ -283,8 +323,10 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
     if p.kv_group == 1:
         variant: Variant = "mha"
         block_h, head_blocks = 1, 1
-        block_n = 64
-        num_warps = 4
+        # Multiply-and-reduce keeps the [BLOCK_N, D] tiles in registers: 128 tokens
+        # (the H200 sweep's best) while D <= 128, fewer for wider heads.
+        block_n = max(16, min(128, 16384 // max(block_dmodel + block_dpe, block_dv)))
+        num_warps, num_stages = 4, 2
         programs_per_split = p.batch * p.num_heads
     else:
         variant = "grouped"
@@ -293,7 +335,7 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         max_block_h = max(MIN_DOT_DIM, 8192 // block_dv)
         block_h = min(max(MIN_DOT_DIM, next_power_of_2(p.kv_group)), max_block_h)
         head_blocks = cdiv(p.kv_group, block_h)
-        block_n = 16 if block_dmodel + block_dpe > 256 and device.vendor == "amd" else 32
+        block_n, num_stages = _grouped_blocks(p, device, block_dmodel, block_dpe, block_dv)
         num_warps = 4
         programs_per_split = p.batch * p.num_kv_heads * head_blocks
 
@@ -311,7 +353,7 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         block_dpe=block_dpe,
         block_dv=block_dv,
         num_warps=num_warps,
-        num_stages=2,
+        num_stages=num_stages,
         num_kv_splits=num_kv_splits,
         stage2_num_warps=4 if block_dv >= 256 else 2,
     )

@@ -102,9 +102,11 @@ class _StageLaunch:
             self.runners[key] = compiled[self.grid]
 
 
-@functools.cache
+_LAUNCHES: dict[tuple, tuple[_StageLaunch, _StageLaunch]] = {}
+
+
 def _launches(config: LaunchConfig, strides: KernelStrides) -> tuple[_StageLaunch, _StageLaunch]:
-    """Both stages' launches; cached so that a call only looks them up."""
+    """Both stages' launches (launch_decode caches them, so a call only looks them up)."""
     return _StageLaunch(config.stage1(strides)), _StageLaunch(config.stage2(strides))
 
 
@@ -133,6 +135,12 @@ def launch_decode(
     """
     if config.problem.batch == 0:
         return
-    stage1, stage2 = _launches(config, strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse))
+    # Keyed on raw stride tuples: cheaper per call than building KernelStrides.
+    key = (config, q.stride(), k.stride(), v.stride(), page_table.stride(), mid_o.stride(), mid_lse.stride(),
+           out.stride(), lse.stride())  # fmt: skip
+    stages = _LAUNCHES.get(key)
+    if stages is None:
+        stages = _LAUNCHES[key] = _launches(config, strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse))
+    stage1, stage2 = stages
     stage1.run((q, k, v, page_table, seq_lens, config.problem.num_pages, mid_o, mid_lse), interpret)
     stage2.run((mid_o, mid_lse, out, lse), interpret)

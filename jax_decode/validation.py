@@ -11,7 +11,7 @@ import math
 import numbers
 from collections.abc import Sequence
 
-from jax_decode.launch import MAX_KV_SPLITS, DecodeProblem, default_sm_scale
+from jax_decode.launch import MAX_BATCH, MAX_KV_SPLITS, DecodeProblem, default_sm_scale
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
 INDEX_DTYPE = "int32"
@@ -99,6 +99,8 @@ def check_decode_args(
 
     batch, num_heads, head_dim_qk = q_shape
     num_pages, page_size, num_kv_heads, k_head_dim = k_shape
+    if batch > MAX_BATCH:
+        raise ValueError(f"q batch ({batch}) must be at most {MAX_BATCH}; split the batch into several calls")
     if page_table_shape[0] != batch:
         raise ValueError(f"page_table batch ({page_table_shape[0]}) must equal q batch ({batch})")
     if seq_lens_shape[0] != batch:

@@ -194,3 +194,14 @@ def test_triton_backend_without_gpu():
     fn = lambda *a: jax_decode.decode_attention(*a, backend="triton")  # noqa: E731
     with pytest.raises(ValueError, match=r"backend='triton' needs jax_triton and a GPU visible to JAX"):
         jax.jit(fn).trace(*args)
+
+
+def test_batch_beyond_the_grid_limit_is_refused():
+    from jax_decode.validation import check_decode_args
+
+    with pytest.raises(ValueError, match=r"q batch \(70000\) must be at most 65535"):
+        check_decode_args(
+            q_shape=(70000, 4, 16), q_dtype="float32", k_shape=(8, 16, 4, 16), k_dtype="float32",
+            v_shape=None, v_dtype=None, page_table_shape=(70000, 2), page_table_dtype="int32",
+            seq_lens_shape=(70000,), seq_lens_dtype="int32", head_dim_v=16, sm_scale=None, logit_cap=0.0,
+        )  # fmt: skip

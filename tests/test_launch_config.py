@@ -12,6 +12,7 @@ from jax_decode.launch import (
     DeviceInfo,
     KernelStrides,
     make_launch_config,
+    shared_memory_budget,
     split_head_dim,
 )
 
@@ -69,16 +70,16 @@ def test_head_dim_blocks(head_dim, blocks):
 def test_variants_and_grids():
     mha = make_launch_config(problem(num_kv_heads=32), H200, num_kv_splits=4)
     assert mha.variant == "mha"
-    assert mha.stage1_grid == (32, 32, 4)
+    assert mha.stage1_grid == (32, 32, 4)  # (heads, batch, splits): heads vary fastest
     assert mha.stage2_grid == (32, 32, 1)
 
     gqa = make_launch_config(problem(), H200, num_kv_splits=4)
     assert gqa.variant == "grouped" and gqa.block_h == 16 and gqa.head_blocks == 1
-    assert gqa.stage1_grid == (32, 8, 4)
+    assert gqa.stage1_grid == (8, 32, 4)
 
     wide = make_launch_config(problem(num_heads=64, num_kv_heads=1, head_dim_v=512, head_dim_qk=576), H200, 4)
     assert wide.block_h == 16 and wide.head_blocks == 4  # accumulator capped at 16 x 512
-    assert wide.stage1_grid == (32, 4, 4)
+    assert wide.stage1_grid == (4, 32, 4)
 
 
 def test_mla_reads_the_latent_once():
@@ -94,13 +95,29 @@ def test_mla_reads_the_latent_once():
 
 def test_auto_splits_fill_the_device_within_bounds():
     small_batch = make_launch_config(problem(batch=1, max_pages=2048), H200)
-    assert small_batch.num_kv_splits == 33  # 8 programs per split: 33 splits give 2 x 132 SMs
+    assert small_batch.num_kv_splits == 64  # 8 programs per split: 4 x 132 SMs wants 66; capped at 64
     big_batch = make_launch_config(problem(batch=256), H200)
-    assert big_batch.num_kv_splits == 1  # 2048 programs already fill 132 SMs
+    assert big_batch.num_kv_splits == 4  # the grid is full, but 4096-token walks are cut to 1024
     short = make_launch_config(problem(batch=1, max_pages=2), H200)
     assert short.num_kv_splits == 1  # 32 tokens are not worth splitting
     for cfg in (small_batch, big_batch, short):
         assert 1 <= cfg.num_kv_splits <= MAX_AUTO_KV_SPLITS
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cc", [80, 86, 90])
+def test_pipelined_tiles_fit_shared_memory(dtype, cc):
+    device = DeviceInfo("nvidia", cc, 100)
+    for kwargs in (
+        dict(num_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, v_from_k=True, page_size=1),
+        dict(num_heads=8, num_kv_heads=1, head_dim_qk=256, head_dim_v=256),
+        dict(),
+    ):
+        cfg = make_launch_config(problem(dtype=dtype, **kwargs), device)
+        itemsize = 4 if dtype == "float32" else 2
+        width = cfg.block_dmodel + cfg.block_dpe + (0 if cfg.problem.v_from_k else cfg.block_dv)
+        assert cfg.num_stages * cfg.block_n * width * itemsize <= shared_memory_budget(device)
+        assert cfg.block_n >= 16
 
 
 def test_explicit_splits_are_kept_and_checked():

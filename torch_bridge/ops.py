@@ -181,6 +181,25 @@ def _check_tensors(names: tuple[str, ...], tensors: tuple) -> None:
             )
 
 
+_LSE_SINKS: dict[tuple, torch.Tensor] = {}
+
+
+def _lse_sink(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
+    """A reused buffer for the LSE that vLLM's signature does not return.
+
+    Only ever written (by stage 2), never read, so calls may share it; reusing it
+    saves an allocation per call.  Under torch.compile a fresh one is traced instead.
+    """
+    p = config.problem
+    if torch.compiler.is_compiling():
+        return q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
+    key = (q.get_device(), p.batch, p.num_heads)
+    sink = _LSE_SINKS.get(key)
+    if sink is None:
+        sink = _LSE_SINKS[key] = q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
+    return sink
+
+
 def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: LaunchConfig) -> None:
     """check_inputs=True: the shared run-time rule on host copies of the index tensors."""
     p = config.problem
@@ -279,5 +298,4 @@ def decode_attention_fwd(
                          f"got {o.dtype} of shape {tuple(o.shape)}")  # fmt: skip
     if check_inputs:
         _check_values(req_to_token, b_seq_len, config)
-    lse = q.new_empty((problem.batch, problem.num_heads), dtype=torch.float32)
-    _run_op(config, q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits)
+    _run_op(config, q, k_buffer, v_buffer, req_to_token, b_seq_len, o, _lse_sink(q, config), attn_logits)
