@@ -325,10 +325,10 @@ def _environment() -> dict:
         date=time.strftime("%Y-%m-%d"),
     )
     try:
-        import jax_triton
+        from jax_decode.triton_backend import import_jax_triton  # keeps TRITON_CACHE_DIR usable
 
-        env["jax_triton"] = jax_triton.__version__
-    except Exception:
+        env["jax_triton"] = import_jax_triton().__version__
+    except Exception:  # not installed: the jax_decode rows will say why they failed
         pass
     return env
 

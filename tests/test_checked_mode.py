@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 import torch
 from cases import GQA4
+from conftest import HAS_GPU
 from support import device_arrays
 from torch_support import to_tensor
 
 import jax_decode
 import torch_bridge
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
 
 # (what to break, expected message).  GQA4 rows have lengths [0, 1, 32, 64], page 16,
 # max_pages 4 (capacity 64).
@@ -73,7 +76,7 @@ def test_checked_mode_accepts_padding_and_changes_nothing():
     checked = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla", check_inputs=True))(*arrays)
     plain = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla"))(*arrays)
     np.testing.assert_array_equal(np.asarray(checked), np.asarray(plain))
-    tensors = [to_tensor(a) for a in problem.arrays]
+    tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
     torch.testing.assert_close(
         torch_bridge.decode_attention(*tensors, check_inputs=True, num_kv_splits=2),
         torch_bridge.decode_attention(*tensors, num_kv_splits=2),
