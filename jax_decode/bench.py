@@ -11,10 +11,13 @@ Measures, in one run on a CUDA GPU:
 
 Inputs are random (never zeros) and rotate over enough copies that L2 cannot serve
 them; every implementation's output is checked against a float32 dense reference
-before it is timed.  torch is timed with ``triton.testing.do_bench`` (median), JAX as
-the median over rounds of ``CALLS_PER_ROUND`` jitted calls ending in
-``block_until_ready()``.  Bandwidth counts the KV bytes one call must read (an MLA
-latent once).  Prints a table and writes ``bench.json`` and ``bench.png`` to ``--out``.
+before it is timed.  Both frameworks are timed on the device, without per-call host
+overhead (measured on its own by ``benchmarks/host_overhead.py``): torch with
+``triton.testing.do_bench`` (median) of a CUDA graph of ``CALLS_PER_TIMING`` calls,
+JAX as the median over rounds of one jitted program of ``CALLS_PER_TIMING`` calls
+ending in ``block_until_ready()``; both rotate over the input sets.  Bandwidth counts
+the KV bytes one call must read (an MLA latent once).  Prints a table and writes
+``bench.json`` and ``bench.png`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch
 from jax_decode.synthetic import SEED_SHAPES  # noqa: E402
 
 IMPLEMENTATIONS = ("jax_decode", "torch_bridge", "xla", "pallas", "vllm")
-CALLS_PER_ROUND, ROUNDS = 20, 15
+CALLS_PER_TIMING, ROUNDS = 32, 15
 L2_BYTES_TO_DEFEAT = 256 * 2**20  # rotate input sets until they exceed this (H200 L2: 60 MB)
 MAX_ERROR = {"bfloat16": 5e-2, "float16": 1e-2, "float32": 1e-3}
 
@@ -143,30 +146,41 @@ def _reference_rows(shape: BenchShape, q, k, v, pt, sl, rows: int):
 
 
 def _time_torch(fn_for_set, sets) -> float:
+    """ms per call: do_bench (median) of a CUDA graph replaying CALLS_PER_TIMING calls.
+
+    The graph takes the host out of the measurement, as serving engines do for decode;
+    host overhead per call is measured on its own (benchmarks/host_overhead.py).
+    """
+    import torch
     import triton
 
-    counter = [0]
-
-    def step():
-        fn_for_set(sets[counter[0] % len(sets)])
-        counter[0] += 1
-
-    return triton.testing.do_bench(step, warmup=25, rep=100)
+    order = [sets[i % len(sets)] for i in range(CALLS_PER_TIMING)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        for s in sets:
+            fn_for_set(s)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for s in order:
+            fn_for_set(s)
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=100) / CALLS_PER_TIMING
 
 
 def _time_jax(fn, arg_sets) -> float:
+    """ms per call: median over rounds of one jitted program making CALLS_PER_TIMING
+    calls (ending in block_until_ready), so dispatch is amortised as in a jitted step."""
     import jax
 
-    for args in arg_sets:  # compile and warm up
-        jax.block_until_ready(fn(*args))
+    order = [arg_sets[i % len(arg_sets)] for i in range(CALLS_PER_TIMING)]
+    many = jax.jit(lambda sets: [fn(*args) for args in sets])
+    jax.block_until_ready(many(order))  # compile and warm up
     rounds = []
     for _ in range(ROUNDS):
         start = time.perf_counter()
-        result = None
-        for i in range(CALLS_PER_ROUND):
-            result = fn(*arg_sets[i % len(arg_sets)])
-        jax.block_until_ready(result)
-        rounds.append((time.perf_counter() - start) / CALLS_PER_ROUND * 1e3)
+        jax.block_until_ready(many(order))
+        rounds.append((time.perf_counter() - start) / CALLS_PER_TIMING * 1e3)
     return statistics.median(rounds)
 
 
