@@ -11,11 +11,11 @@ Measures, in one run on a CUDA GPU:
 
 Inputs are random (never zeros) and rotate over enough copies that L2 cannot serve
 them; every implementation's output is checked against a float32 dense reference
-before it is timed.  Both frameworks are timed on the device, without per-call host
-overhead (measured on its own by ``benchmarks/host_overhead.py``): torch with
-``triton.testing.do_bench`` (median) of a CUDA graph of ``CALLS_PER_TIMING`` calls,
-JAX as the median over rounds of one jitted program of ``CALLS_PER_TIMING`` calls
-ending in ``block_until_ready()``; both rotate over the input sets.  Bandwidth counts
+before it is timed.  torch is timed with ``triton.testing.do_bench`` (median), JAX as the
+median over rounds of ``CALLS_PER_TIMING`` jitted calls ending in ``block_until_ready()``,
+both rotating over the input sets; both include per-call host cost where it exceeds the
+kernel's time.  ``--device-time`` takes the host out instead: torch replays a CUDA graph
+of ``DEVICE_TIME_CALLS`` calls, JAX runs them in one jitted program.  Bandwidth counts
 the KV bytes one call must read (an MLA latent once).  Prints a table and writes
 ``bench.json`` and ``bench.png`` to ``--out``.
 """
@@ -37,7 +37,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch
 from jax_decode.synthetic import SEED_SHAPES  # noqa: E402
 
 IMPLEMENTATIONS = ("jax_decode", "torch_bridge", "xla", "pallas", "vllm")
-CALLS_PER_TIMING, ROUNDS = 32, 15
+CALLS_PER_TIMING, ROUNDS = 20, 15
+DEVICE_TIME_CALLS = 32  # calls per CUDA graph / jitted program with --device-time
 L2_BYTES_TO_DEFEAT = 256 * 2**20  # rotate input sets until they exceed this (H200 L2: 60 MB)
 MAX_ERROR = {"bfloat16": 5e-2, "float16": 1e-2, "float32": 1e-3}
 
@@ -145,16 +146,21 @@ def _reference_rows(shape: BenchShape, q, k, v, pt, sl, rows: int):
     return torch.stack(out)
 
 
-def _time_torch(fn_for_set, sets) -> float:
-    """ms per call: do_bench (median) of a CUDA graph replaying CALLS_PER_TIMING calls.
-
-    The graph takes the host out of the measurement, as serving engines do for decode;
-    host overhead per call is measured on its own (benchmarks/host_overhead.py).
-    """
+def _time_torch(fn_for_set, sets, device_time: bool) -> float:
+    """ms per call: do_bench (median) of single calls rotating over the input sets, or
+    with ``device_time`` of a CUDA graph replaying DEVICE_TIME_CALLS calls (the host
+    out of the measurement, as serving engines run decode)."""
     import torch
     import triton
 
-    order = [sets[i % len(sets)] for i in range(CALLS_PER_TIMING)]
+    counter = [0]
+
+    def step():
+        fn_for_set(sets[counter[0] % len(sets)])
+        counter[0] += 1
+
+    if not device_time:
+        return triton.testing.do_bench(step, warmup=25, rep=100)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile and warm up outside the capture
@@ -163,24 +169,35 @@ def _time_torch(fn_for_set, sets) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for s in order:
-            fn_for_set(s)
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=100) / CALLS_PER_TIMING
+        for _ in range(DEVICE_TIME_CALLS):
+            step()
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=100) / DEVICE_TIME_CALLS
 
 
-def _time_jax(fn, arg_sets) -> float:
-    """ms per call: median over rounds of one jitted program making CALLS_PER_TIMING
-    calls (ending in block_until_ready), so dispatch is amortised as in a jitted step."""
+def _time_jax(fn, arg_sets, device_time: bool) -> float:
+    """ms per call: median over rounds of CALLS_PER_TIMING jitted calls (dispatched
+    back to back) ending in ``block_until_ready()``; with ``device_time``, of one
+    jitted program making DEVICE_TIME_CALLS calls."""
     import jax
 
-    order = [arg_sets[i % len(arg_sets)] for i in range(CALLS_PER_TIMING)]
-    many = jax.jit(lambda sets: [fn(*args) for args in sets])
-    jax.block_until_ready(many(order))  # compile and warm up
+    calls = DEVICE_TIME_CALLS if device_time else CALLS_PER_TIMING
+    order = [arg_sets[i % len(arg_sets)] for i in range(calls)]
+    if device_time:
+        many = jax.jit(lambda sets: [fn(*args) for args in sets])
+
+        def one_round():
+            return many(order)
+    else:
+
+        def one_round():
+            return [fn(*args) for args in order][-1]
+
+    jax.block_until_ready(one_round())  # compile and warm up
     rounds = []
     for _ in range(ROUNDS):
         start = time.perf_counter()
-        jax.block_until_ready(many(order))
-        rounds.append((time.perf_counter() - start) / CALLS_PER_TIMING * 1e3)
+        jax.block_until_ready(one_round())
+        rounds.append((time.perf_counter() - start) / calls * 1e3)
     return statistics.median(rounds)
 
 
@@ -259,7 +276,7 @@ def _vllm(shape: BenchShape):
     return ("vllm", decode_attention_fwd)
 
 
-def bench_shape(shape: BenchShape, wanted: tuple[str, ...], ceiling: float) -> list[dict]:
+def bench_shape(shape: BenchShape, wanted: tuple[str, ...], ceiling: float, device_time: bool = False) -> list[dict]:
     import jax
     import torch
 
@@ -289,16 +306,16 @@ def bench_shape(shape: BenchShape, wanted: tuple[str, ...], ceiling: float) -> l
                 record(name, note=fn)
             elif kind == "torch":
                 out = fn(sets[0]).clone()
-                record(name, _time_torch(fn, sets), out)
+                record(name, _time_torch(fn, sets, device_time), out)
             elif kind == "jax":
                 arg_sets = [tuple(None if t is None else torch_bridge.to_jax(t) for t in s) for s in sets]
                 out = torch_bridge.to_torch(jax.block_until_ready(fn(*arg_sets[0])))
-                record(name, _time_jax(fn, arg_sets), out)
+                record(name, _time_jax(fn, arg_sets, device_time), out)
             elif kind == "jax-layout":
                 prepare, fn = fn
                 arg_sets = [prepare(*(torch_bridge.to_jax(t) for t in s)) for s in sets]
                 out = torch_bridge.to_torch(jax.block_until_ready(fn(*arg_sets[0])))
-                record(name, _time_jax(fn, arg_sets), out)
+                record(name, _time_jax(fn, arg_sets, device_time), out)
                 del arg_sets
             elif kind == "vllm":
                 best = None
@@ -312,7 +329,7 @@ def bench_shape(shape: BenchShape, wanted: tuple[str, ...], ceiling: float) -> l
                         v = k[..., : shape.head_dim_v] if v is None else v
                         fn(q, k, v, out, pt, sl, logits, splits, shape.head_dim_qk**-0.5, shape.page_size)
 
-                    ms = _time_torch(run, sets)
+                    ms = _time_torch(run, sets, device_time)
                     if best is None or ms < best[0]:
                         run(sets[0])
                         best = (ms, splits, out.clone())
@@ -384,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         "--impls", default=",".join(IMPLEMENTATIONS), help="comma-separated, of " + ", ".join(IMPLEMENTATIONS)
     )
     parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
+    parser.add_argument("--device-time", action="store_true", help="time without per-call host cost (see above)")
     parser.add_argument("--list", action="store_true", help="list the default shapes and exit")
     args = parser.parse_args(argv)
     if args.shapes:
@@ -413,12 +431,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     env = _environment()
+    env["timing"] = "device (CUDA graph / one jitted program)" if args.device_time else "per call (host included)"
     ceiling = copy_bandwidth_tbps()
     print(f"{env}\ncopy bandwidth (the ceiling): {ceiling:.2f} TB/s\n", flush=True)
     print(format_table([], ceiling), flush=True)
     rows = []
     for shape in suite:
-        rows += bench_shape(shape, wanted, ceiling)
+        rows += bench_shape(shape, wanted, ceiling, args.device_time)
     summary = summarize(rows, ceiling)
     print("\ngeometric mean of % of copy bandwidth:")
     for impl, s in summary.items():
