@@ -1,6 +1,6 @@
 """jax_decode: Triton decode attention over a paged KV cache, for JAX and PyTorch."""
 
-from jax_decode.api import BACKENDS, decode_attention
+from jax_decode.api import BACKENDS, decode_attention, merge_attention_states
 from jax_decode.launch import DecodeProblem, DeviceInfo, KernelStrides, LaunchConfig, make_launch_config
 from jax_decode.reference import decode_attention_reference
 from jax_decode.triton_backend import compile_target
@@ -15,5 +15,6 @@ __all__ = [
     "decode_attention",
     "decode_attention_reference",
     "make_launch_config",
+    "merge_attention_states",
 ]
 __version__ = "0.1.0"

@@ -14,11 +14,13 @@ import functools
 from typing import Literal
 
 import jax
+import jax.custom_batching
 import jax.numpy as jnp
 
 from jax_decode import triton_backend
 from jax_decode.interpret_backend import decode_attention_interpret
 from jax_decode.launch import DeviceInfo, make_launch_config
+from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.validation import check_decode_args, check_index_values, check_num_kv_splits
 from jax_decode.xla_backend import decode_attention_xla
 
@@ -97,6 +99,44 @@ def decode_attention(
         jax.debug.callback(check, page_table, seq_lens)
     args = (q, k_cache, v_cache, page_table, seq_lens)
 
+    has_v = v_cache is not None
+
+    def compute(*arrays):
+        q, k, v, pt, sl = arrays if has_v else (arrays[0], arrays[1], None, *arrays[2:])
+        return _dispatch((q, k, v, pt, sl), problem, backend, num_kv_splits)
+
+    def fold_vmapped_axis(axis_size, in_batched, *arrays):
+        """jax.vmap rule: a mapped axis of q / page_table / seq_lens joins the batch."""
+        if any(in_batched[1:-2]):
+            raise ValueError(
+                "jax.vmap of decode_attention maps q, page_table and seq_lens over one shared "
+                "cache; k_cache and v_cache must not be mapped (give them in_axes=None)"
+            )
+
+        def mapped(x, batched):
+            return x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+
+        q, pt, sl = (mapped(arrays[i], in_batched[i]) for i in (0, -2, -1))
+        k, v = arrays[1], (arrays[2] if has_v else None)
+        out, lse = decode_attention(
+            q.reshape(-1, *q.shape[2:]), k, v,
+            pt.reshape(-1, pt.shape[-1]), sl.reshape(-1),
+            sm_scale=problem.sm_scale, logit_cap=problem.logit_cap, num_kv_splits=num_kv_splits,
+            head_dim_v=problem.head_dim_v, return_lse=True, backend=backend,
+        )  # fmt: skip
+        return (out.reshape(axis_size, -1, *out.shape[1:]), lse.reshape(axis_size, -1, lse.shape[-1])), (True, True)
+
+    # triton_call has no batching rule: under jax.vmap, fold the mapped axis into the
+    # batch (one launch for all of it) instead.
+    vmappable = jax.custom_batching.custom_vmap(compute)
+    vmappable.def_vmap(fold_vmapped_axis)
+    out, lse = vmappable(*(x for x in args if x is not None))
+    return (out, lse) if return_lse else out
+
+
+def _dispatch(args, problem, backend: str, num_kv_splits: int | None):
+    """(out, lse) of the checked arguments on the chosen backend."""
+    q = args[0]
     if problem.batch == 0:
         out = jnp.zeros((0, problem.num_heads, problem.head_dim_v), q.dtype)
         lse = jnp.zeros((0, problem.num_heads), jnp.float32)
@@ -127,4 +167,19 @@ def decode_attention(
                 )
         else:
             out, lse = decode_attention_xla(*args, problem)
-    return (out, lse) if return_lse else out
+    return out, lse
+
+
+def merge_attention_states(
+    out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array, lse_b: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Merge two partial results (e.g. a shared prefix and each row's suffix) by LSE.
+
+    ``out_*`` ``[..., head_dim_v]`` as returned by ``decode_attention``, ``lse_*``
+    float32 ``[...]`` from ``return_lse=True``.  Returns ``(out in out_a's dtype, lse
+    float32)``, equal to attention over both parts' keys; exact for an empty part
+    (``lse = -inf``).
+    """
+    check_merge_args(out_a, lse_a, out_b, lse_b)
+    out, lse = merge_states(jnp, lambda x: x.astype(jnp.float32), out_a, lse_a, out_b, lse_b)
+    return out.astype(out_a.dtype), lse.astype(jnp.float32)

@@ -3,11 +3,18 @@
 import os
 
 from torch_bridge.dlpack import jax_function, to_jax, to_torch
-from torch_bridge.ops import decode_attention, decode_attention_fwd
+from torch_bridge.ops import decode_attention, decode_attention_fwd, merge_attention_states
 
 # An empty TRITON_CACHE_DIR (what jax_triton 0.3 leaves behind if it was imported
 # before us) makes every Triton launch from torch fail; empty never means anything else.
 if os.environ.get("TRITON_CACHE_DIR") == "":
     del os.environ["TRITON_CACHE_DIR"]
 
-__all__ = ["decode_attention", "decode_attention_fwd", "jax_function", "to_jax", "to_torch"]
+__all__ = [
+    "decode_attention",
+    "decode_attention_fwd",
+    "jax_function",
+    "merge_attention_states",
+    "to_jax",
+    "to_torch",
+]

@@ -19,6 +19,7 @@ import functools
 import torch
 
 from jax_decode.launch import DecodeProblem, DeviceInfo, LaunchConfig, make_launch_config
+from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.torch_launch import launch_decode
 from jax_decode.validation import check_decode_args, check_index_values, check_num_kv_splits
 
@@ -299,3 +300,12 @@ def decode_attention_fwd(
     if check_inputs:
         _check_values(req_to_token, b_seq_len, config)
     _run_op(config, q, k_buffer, v_buffer, req_to_token, b_seq_len, o, _lse_sink(q, config), attn_logits)
+
+
+def merge_attention_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``jax_decode.merge_attention_states`` for torch tensors (the same definition)."""
+    check_merge_args(out_a, lse_a, out_b, lse_b)
+    out, lse = merge_states(torch, lambda x: x.float(), out_a, lse_a, out_b, lse_b)
+    return out.to(out_a.dtype), lse.float()

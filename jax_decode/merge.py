@@ -1,0 +1,40 @@
+"""Merge two partial attention results by their log-sum-exp (cascade / shared-prefix decoding).
+
+One definition of the maths, written against the operations JAX and torch share
+(``where``, ``maximum``, ``exp``, ``log``), used by ``jax_decode.merge_attention_states``
+and ``torch_bridge.merge_attention_states``.  Plain framework ops: XLA and torch fuse
+this elementwise work into one or two kernels, which a Triton kernel would not beat.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+
+def merge_states(xp: ModuleType, to_float32, out_a, lse_a, out_b, lse_b):
+    """``(out, lse)`` of attention over the union of the keys of parts a and b.
+
+    ``out_*`` are ``[..., head_dim_v]`` (normalised outputs of each part), ``lse_*``
+    float32 ``[...]`` (natural log-sum-exp of each part's scores, ``-inf`` for a part
+    with no keys).  An empty part contributes exactly nothing: merging with it returns
+    the other part's output unchanged; two empty parts give zeros and ``-inf``.
+    """
+    peak = xp.maximum(lse_a, lse_b)
+    peak_safe = xp.where(peak == -float("inf"), 0.0, peak)
+    weight_a = xp.exp(lse_a - peak_safe)  # 0 for an empty part, never NaN
+    weight_b = xp.exp(lse_b - peak_safe)
+    total = weight_a + weight_b
+    has_keys = total > 0
+    total_safe = xp.where(has_keys, total, 1.0)
+    merged = (to_float32(out_a) * weight_a[..., None] + to_float32(out_b) * weight_b[..., None]) / total_safe[..., None]
+    lse = xp.where(has_keys, peak_safe + xp.log(total_safe), -float("inf"))
+    return merged, lse
+
+
+def check_merge_args(out_a, lse_a, out_b, lse_b) -> None:
+    """Shapes must agree: out [..., head_dim_v], lse [...] (the leading dims of out)."""
+    if tuple(out_a.shape) != tuple(out_b.shape):
+        raise ValueError(f"out_a shape {tuple(out_a.shape)} must equal out_b shape {tuple(out_b.shape)}")
+    for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if tuple(lse.shape) != tuple(out_a.shape[:-1]):
+            raise ValueError(f"{name} shape {tuple(lse.shape)} must be out_a's leading shape {tuple(out_a.shape[:-1])}")
