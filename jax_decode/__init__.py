@@ -1,6 +1,7 @@
 """jax_decode: Triton decode attention over a paged KV cache, for JAX and PyTorch."""
 
 from jax_decode.api import BACKENDS, decode_attention, merge_attention_states
+from jax_decode.kv_write import write_kv
 from jax_decode.launch import DecodeProblem, DeviceInfo, KernelStrides, LaunchConfig, make_launch_config
 from jax_decode.reference import decode_attention_reference
 from jax_decode.triton_backend import compile_target
@@ -16,5 +17,6 @@ __all__ = [
     "decode_attention_reference",
     "make_launch_config",
     "merge_attention_states",
+    "write_kv",
 ]
 __version__ = "0.1.0"

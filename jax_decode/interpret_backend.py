@@ -15,7 +15,7 @@ import numpy as np
 from jax_decode.launch import LaunchConfig
 
 
-def _to_torch(array: np.ndarray):
+def host_tensor(array: np.ndarray):
     import torch
 
     array = np.array(array)  # writable, contiguous copy owned by the callback
@@ -24,7 +24,7 @@ def _to_torch(array: np.ndarray):
     return torch.from_numpy(array)
 
 
-def _to_numpy(tensor, dtype: np.dtype) -> np.ndarray:
+def host_array(tensor, dtype: np.dtype) -> np.ndarray:
     import torch
 
     if tensor.dtype == torch.bfloat16:
@@ -43,8 +43,8 @@ def decode_attention_interpret(q, k_cache, v_cache, page_table, seq_lens, config
     lse_type = jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32)
 
     def host(q, k_cache, v_cache, page_table, seq_lens):
-        q_t, k_t = _to_torch(q), _to_torch(k_cache)
-        v_t = k_t if p.v_from_k else _to_torch(v_cache)
+        q_t, k_t = host_tensor(q), host_tensor(k_cache)
+        v_t = k_t if p.v_from_k else host_tensor(v_cache)
         out = torch.empty(out_type.shape, dtype=q_t.dtype)
         lse = torch.empty(lse_type.shape, dtype=torch.float32)
         mid_o = torch.empty(config.mid_o_shape, dtype=torch.float32)
@@ -54,15 +54,15 @@ def decode_attention_interpret(q, k_cache, v_cache, page_table, seq_lens, config
             q_t,
             k_t,
             v_t,
-            _to_torch(page_table),
-            _to_torch(seq_lens),
+            host_tensor(page_table),
+            host_tensor(seq_lens),
             mid_o,
             mid_lse,
             out,
             lse,
             interpret=True,
         )
-        return _to_numpy(out, out_type.dtype), lse.numpy()
+        return host_array(out, out_type.dtype), lse.numpy()
 
     v_arg = k_cache if p.v_from_k else v_cache  # a placeholder operand for MLA
     return jax.pure_callback(host, (out_type, lse_type), q, k_cache, v_arg, page_table, seq_lens)

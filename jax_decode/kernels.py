@@ -367,6 +367,37 @@ def _decode_stage2(
     tl.store(lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, lse)
 
 
+@triton.jit
+def _write_cache(
+    new_ptr,  # [num_tokens, num_kv_heads, head_dim]: this step's keys (or values)
+    slots_ptr,  # int32 [num_tokens]: page * page_size + slot; outside [0, num_slots) skipped
+    num_slots,  # int: num_pages * page_size
+    cache_in_ptr,  # the cache as an input; jax_triton aliases it to cache_ptr (unused)
+    cache_ptr,  # [num_pages, page_size, num_kv_heads, head_dim], written in place
+    STRIDE_NT: tl.constexpr,
+    STRIDE_NH: tl.constexpr,
+    STRIDE_CP: tl.constexpr,
+    STRIDE_CS: tl.constexpr,
+    STRIDE_CH: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    """Scatter one token's row for one KV head into its cache slot (paged KV write)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs = tl.arange(0, BLOCK_D)
+    # The slot broadcast over the row, so every mask is a block (as the interpreter needs).
+    slot = tl.load(slots_ptr + token + tl.zeros([BLOCK_D], tl.int32)).to(tl.int64)
+    valid = (slot >= 0) & (slot < num_slots)
+    slot = tl.where(valid, slot, 0)  # never form an address outside the cache
+    mask = offs < HEAD_DIM
+    row = tl.load(new_ptr + token * STRIDE_NT + head * STRIDE_NH + offs, mask=mask, other=0.0)
+    dst = cache_ptr + (slot // PAGE_SIZE) * STRIDE_CP + (slot % PAGE_SIZE) * STRIDE_CS + head * STRIDE_CH
+    tl.store(dst + offs, row.to(cache_ptr.dtype.element_ty), mask=mask & valid)
+
+
 # Kernel objects by the variant name the launch config chooses.
 STAGE1_KERNELS = {"mha": _decode_stage1_mha, "grouped": _decode_stage1_grouped}
 STAGE2_KERNEL = _decode_stage2
+WRITE_CACHE_KERNEL = _write_cache

@@ -251,6 +251,30 @@ class LaunchConfig:
         )
 
 
+def write_cache_launch(
+    num_tokens: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    new_strides: tuple[int, int],
+    cache_strides: tuple[int, int, int],
+) -> KernelLaunch:
+    """The paged KV write: one program per (token, KV head) copies one row."""
+    block_d = next_power_of_2(head_dim)
+    meta = dict(
+        STRIDE_NT=new_strides[0],
+        STRIDE_NH=new_strides[1],
+        STRIDE_CP=cache_strides[0],
+        STRIDE_CS=cache_strides[1],
+        STRIDE_CH=cache_strides[2],
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        PAGE_SIZE=page_size,
+    )
+    num_warps = 1 if block_d <= 128 else 2
+    return KernelLaunch("write_cache", (num_tokens, num_kv_heads, 1), num_warps, 1, tuple(meta.items()))
+
+
 def split_head_dim(head_dim: int) -> tuple[int, int]:
     """(BLOCK_DMODEL, BLOCK_DPE): cover head_dim with one or two power-of-two blocks.
 

@@ -62,6 +62,8 @@ def _interpreting():
 def _kernel(kernel_name: str):
     if kernel_name == "stage2":
         return kernels.STAGE2_KERNEL
+    if kernel_name == "write_cache":
+        return kernels.WRITE_CACHE_KERNEL
     return kernels.STAGE1_KERNELS[kernel_name]
 
 
@@ -144,3 +146,16 @@ def launch_decode(
     stage1, stage2 = stages
     stage1.run((q, k, v, page_table, seq_lens, config.problem.num_pages, mid_o, mid_lse), interpret)
     stage2.run((mid_o, mid_lse, out, lse), interpret)
+
+
+_WRITES: dict[KernelLaunch, _StageLaunch] = {}
+
+
+def launch_write_cache(launch: KernelLaunch, new, slots, num_slots: int, cache, *, interpret: bool) -> None:
+    """Scatter ``new`` rows into ``cache`` in place (see kernels._write_cache)."""
+    if launch.grid[0] == 0:
+        return
+    stage = _WRITES.get(launch)
+    if stage is None:
+        stage = _WRITES[launch] = _StageLaunch(launch)
+    stage.run((new, slots, num_slots, cache, cache), interpret)

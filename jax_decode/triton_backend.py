@@ -46,7 +46,7 @@ def jax_triton_available() -> bool:
 
 
 @functools.cache
-def _out_shape_keyword() -> str:
+def out_shape_keyword() -> str:
     # jax_triton 0.4 renamed triton_call's out_shape to out_type.
     params = inspect.signature(import_jax_triton().triton_call).parameters
     return "out_type" if "out_type" in params else "out_shape"
@@ -106,7 +106,7 @@ def decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, config: L
         num_warps=stage1.num_warps,
         num_stages=stage1.num_stages,
         **{
-            _out_shape_keyword(): (
+            out_shape_keyword(): (
                 jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
                 jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
             )
@@ -123,7 +123,7 @@ def decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, config: L
         num_warps=stage2.num_warps,
         num_stages=stage2.num_stages,
         **{
-            _out_shape_keyword(): (
+            out_shape_keyword(): (
                 jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), q.dtype),
                 jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
             )

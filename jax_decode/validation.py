@@ -180,3 +180,39 @@ def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int) 
             f"page_table[{row}, {col}] = {page_table[row, col]} is outside [0, num_pages = {num_pages}) "
             f"but holds tokens of row {row} (seq_lens[{row}] = {seq_lens[row]})"
         )
+
+
+def check_write_kv_args(
+    *, k_cache: tuple, v_cache: tuple | None, k_new: tuple, v_new: tuple | None, slot_mapping: tuple
+) -> tuple[int, int]:
+    """Validate ``write_kv``'s arguments, each given as (shape, dtype) (or None).
+
+    Returns ``(num_tokens, num_slots)``.  The cache layout is decode_attention's; new
+    rows are ``[num_tokens, num_kv_heads, head_dim]`` in any supported float dtype
+    (cast to the cache's on write).
+    """
+    if (v_cache is None) != (v_new is None):
+        raise ValueError("v_cache and v_new must both be given or both be None (MLA: one latent cache)")
+    _check_rank("slot_mapping", slot_mapping[0], 1, "[num_tokens]")
+    _check_index_dtype("slot_mapping", dtype_name(slot_mapping[1]))
+    num_tokens = slot_mapping[0][0]
+    for cache_name, cache, new_name, new in (
+        ("k_cache", k_cache, "k_new", k_new),
+        ("v_cache", v_cache, "v_new", v_new),
+    ):
+        if cache is None:
+            continue
+        _check_rank(cache_name, cache[0], 4, "[num_pages, page_size, num_kv_heads, head_dim]")
+        _check_rank(new_name, new[0], 3, "[num_tokens, num_kv_heads, head_dim]")
+        _check_float_dtype(cache_name, dtype_name(cache[1]))
+        _check_float_dtype(new_name, dtype_name(new[1]))
+        if tuple(new[0][1:]) != tuple(cache[0][2:]):
+            raise ValueError(
+                f"{new_name} shape {tuple(new[0])} must be [num_tokens, num_kv_heads, head_dim] = "
+                f"[{num_tokens}, {cache[0][2]}, {cache[0][3]}] to match {cache_name} {tuple(cache[0])}"
+            )
+        if new[0][0] != num_tokens:
+            raise ValueError(f"{new_name} has {new[0][0]} tokens but slot_mapping has {num_tokens}")
+    if v_cache is not None and tuple(v_cache[0][:3]) != tuple(k_cache[0][:3]):
+        raise ValueError(f"v_cache shape {tuple(v_cache[0])} must match k_cache shape {tuple(k_cache[0])} in its pages")
+    return int(num_tokens), int(k_cache[0][0] * k_cache[0][1])

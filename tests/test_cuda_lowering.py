@@ -72,3 +72,28 @@ def test_variant_compiles_for_cuda(name, compute_capability):
 def test_auto_lowers_triton_for_cuda_and_xla_for_cpu():
     assert "triton_kernel_call" in _lower("gqa_bf16", 90, "auto", "cuda")
     assert "triton_kernel_call" not in _lower("gqa_bf16", 90, "auto", "cpu")
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_write_kv_compiles_for_cuda_with_the_cache_aliased(dtype):
+    sds = jax.ShapeDtypeStruct
+    args = (sds((40, 16, 8, 128), dtype), sds((40, 16, 8, 128), dtype), sds((5, 8, 128), jnp.bfloat16),
+            sds((5, 8, 128), jnp.bfloat16), sds((5,), jnp.int32))  # fmt: skip
+    step = jax.jit(lambda *a: jax_decode.write_kv(*a, backend="triton"), donate_argnums=(0, 1))
+    with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
+        text = step.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("triton_kernel_call") == 2  # K and V
+    assert text.count("tf.aliasing_output") == 2  # both donated caches updated in place
+
+
+def test_vmap_lowers_to_one_launch_per_stage():
+    q, k, v, pt, sl = _arrays(32, 8, 128, 128, 16, jnp.bfloat16, False)
+    stacked = [jax.ShapeDtypeStruct((4, *x.shape), x.dtype) for x in (q, pt, sl)]
+
+    def call(q, pt, sl):
+        return jax_decode.decode_attention(q, k_arr, v_arr, pt, sl, backend="triton")
+
+    k_arr, v_arr = jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype)
+    with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
+        text = jax.jit(jax.vmap(call)).trace(*stacked).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("triton_kernel_call") == 2  # the mapped axis joined the batch: no loop, no per-map launch

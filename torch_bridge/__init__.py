@@ -3,7 +3,7 @@
 import os
 
 from torch_bridge.dlpack import jax_function, to_jax, to_torch
-from torch_bridge.ops import decode_attention, decode_attention_fwd, merge_attention_states
+from torch_bridge.ops import decode_attention, decode_attention_fwd, merge_attention_states, write_kv
 
 # An empty TRITON_CACHE_DIR (what jax_triton 0.3 leaves behind if it was imported
 # before us) makes every Triton launch from torch fail; empty never means anything else.
@@ -17,4 +17,5 @@ __all__ = [
     "merge_attention_states",
     "to_jax",
     "to_torch",
+    "write_kv",
 ]

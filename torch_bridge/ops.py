@@ -18,10 +18,15 @@ import functools
 
 import torch
 
-from jax_decode.launch import DecodeProblem, DeviceInfo, LaunchConfig, make_launch_config
+from jax_decode.launch import DecodeProblem, DeviceInfo, LaunchConfig, make_launch_config, write_cache_launch
 from jax_decode.merge import check_merge_args, merge_states
-from jax_decode.torch_launch import launch_decode
-from jax_decode.validation import check_decode_args, check_index_values, check_num_kv_splits
+from jax_decode.torch_launch import launch_decode, launch_write_cache
+from jax_decode.validation import (
+    check_decode_args,
+    check_index_values,
+    check_num_kv_splits,
+    check_write_kv_args,
+)
 
 
 @functools.cache
@@ -309,3 +314,33 @@ def merge_attention_states(
     check_merge_args(out_a, lse_a, out_b, lse_b)
     out, lse = merge_states(torch, lambda x: x.float(), out_a, lse_a, out_b, lse_b)
     return out.to(out_a.dtype), lse.float()
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor | None,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor | None,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """``jax_decode.write_kv`` for torch tensors: writes the caches in place, same kernel.
+
+    No host sync and no data-dependent allocation, so it can be captured in a CUDA graph.
+    """
+    names = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping")
+    _check_tensors(names, (k_cache, v_cache, k_new, v_new, slot_mapping))
+
+    def spec(t):
+        return None if t is None else (tuple(t.shape), t.dtype)
+
+    num_tokens, num_slots = check_write_kv_args(
+        k_cache=spec(k_cache), v_cache=spec(v_cache), k_new=spec(k_new), v_new=spec(v_new),
+        slot_mapping=spec(slot_mapping),
+    )  # fmt: skip
+    for cache, new in ((k_cache, k_new), (v_cache, v_new)):
+        if cache is None:
+            continue
+        launch = write_cache_launch(
+            num_tokens, cache.shape[2], cache.shape[3], cache.shape[1], new.stride()[:2], cache.stride()[:3]
+        )
+        launch_write_cache(launch, new, slot_mapping, num_slots, cache, interpret=cache.device.type == "cpu")

@@ -1,0 +1,103 @@
+"""write_kv: new tokens into their paged-cache slots, in place, in both frameworks (one kernel)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from conftest import HAS_GPU, needs_interpreter
+from torch_support import to_float64, to_tensor
+
+import jax_decode
+import torch_bridge
+from jax_decode.synthetic import NUMPY_DTYPES
+
+KERNEL_BACKEND = "triton" if HAS_GPU else "interpret"
+DEVICE = "cuda" if HAS_GPU else "cpu"
+kernel_param = pytest.param(KERNEL_BACKEND, marks=() if HAS_GPU else needs_interpreter)
+
+
+def _problem(dtype="float32", mla=False, seed=0):
+    rng = np.random.default_rng(seed)
+    num_pages, page_size, kv_heads, dk, dv = 6, 4, 2, 40, 24
+    np_dtype = NUMPY_DTYPES[dtype]
+    k = rng.standard_normal((num_pages, page_size, kv_heads, dk)).astype(np_dtype)
+    v = None if mla else rng.standard_normal((num_pages, page_size, kv_heads, dv)).astype(np_dtype)
+    # Valid slots, one padding token (-1) and one past the cache: both skipped.
+    slots = np.array([5, 0, -1, 23, 9, num_pages * page_size], np.int32)
+    k_new = rng.standard_normal((len(slots), kv_heads, dk)).astype(np_dtype)
+    v_new = None if mla else rng.standard_normal((len(slots), kv_heads, dv)).astype(np_dtype)
+    return k, v, k_new, v_new, slots
+
+
+def _expected(cache, new, slots):
+    out = cache.copy()
+    flat = out.reshape(-1, *cache.shape[2:])
+    for t, s in enumerate(slots):
+        if 0 <= s < flat.shape[0]:
+            flat[s] = new[t]
+    return out
+
+
+@pytest.mark.parametrize("backend", ["xla", kernel_param])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("mla", [False, True], ids=["kv", "mla"])
+def test_write_kv_jax(backend, dtype, mla):
+    k, v, k_new, v_new, slots = _problem(dtype, mla)
+    step = jax.jit(lambda *a: jax_decode.write_kv(*a, backend=backend), donate_argnums=(0, 1))
+    arrays = [None if x is None else jnp.asarray(x) for x in (k, v, k_new, v_new, slots)]
+    k_out, v_out = step(*arrays)
+    np.testing.assert_array_equal(np.asarray(k_out), _expected(k, k_new, slots))
+    if mla:
+        assert v_out is None
+    else:
+        np.testing.assert_array_equal(np.asarray(v_out), _expected(v, v_new, slots))
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["kv", "mla"])
+def test_write_kv_torch_in_place_matches_jax(mla):
+    k, v, k_new, v_new, slots = _problem("bfloat16", mla)
+    tk, tv = to_tensor(k, DEVICE), to_tensor(v, DEVICE)
+    pointer = tk.data_ptr()
+    torch_bridge.write_kv(tk, tv, to_tensor(k_new, DEVICE), to_tensor(v_new, DEVICE), to_tensor(slots, DEVICE))
+    assert tk.data_ptr() == pointer
+    np.testing.assert_array_equal(to_float64(tk), _expected(k, k_new, slots).astype(np.float64))
+    if not mla:
+        np.testing.assert_array_equal(to_float64(tv), _expected(v, v_new, slots).astype(np.float64))
+
+
+def test_donated_caches_are_updated_in_place():
+    """The compiled step aliases each donated cache to its output (no cache copy)."""
+    k, v, k_new, v_new, slots = _problem()
+    arrays = [jnp.asarray(x) for x in (k, v, k_new, v_new, slots)]
+    step = jax.jit(lambda *a: jax_decode.write_kv(*a, backend="xla"), donate_argnums=(0, 1))
+    hlo = step.lower(*arrays).compile().as_text()
+    assert hlo.count("input_output_alias") >= 1 or "may-alias" in hlo or "must-alias" in hlo
+    pointers = [arrays[0].unsafe_buffer_pointer(), arrays[1].unsafe_buffer_pointer()]
+    k_out, v_out = step(*arrays)
+    assert [k_out.unsafe_buffer_pointer(), v_out.unsafe_buffer_pointer()] == pointers
+
+
+@pytest.mark.gpu
+def test_donated_caches_are_updated_in_place_triton():
+    k, v, k_new, v_new, slots = _problem("bfloat16")
+    arrays = [jnp.asarray(x) for x in (k, v, k_new, v_new, slots)]
+    pointers = [arrays[0].unsafe_buffer_pointer(), arrays[1].unsafe_buffer_pointer()]
+    step = jax.jit(lambda *a: jax_decode.write_kv(*a, backend="triton"), donate_argnums=(0, 1))
+    k_out, v_out = step(*arrays)
+    assert [k_out.unsafe_buffer_pointer(), v_out.unsafe_buffer_pointer()] == pointers
+    np.testing.assert_array_equal(np.asarray(k_out), _expected(k, k_new, slots))
+
+
+def test_write_kv_errors():
+    k, v, k_new, v_new, slots = _problem()
+    with pytest.raises(ValueError, match="v_cache and v_new must both be given or both be None"):
+        jax_decode.write_kv(jnp.asarray(k), jnp.asarray(v), jnp.asarray(k_new), None, jnp.asarray(slots))
+    with pytest.raises(TypeError, match="slot_mapping must be int32"):
+        jax_decode.write_kv(jnp.asarray(k), None, jnp.asarray(k_new), None, jnp.asarray(slots, jnp.float32))
+    with pytest.raises(ValueError, match=r"k_new has 5 tokens but slot_mapping has 6"):
+        jax_decode.write_kv(jnp.asarray(k), None, jnp.asarray(k_new[:5]), None, jnp.asarray(slots))
+    with pytest.raises(ValueError, match=r"k_new shape \(6, 2, 8\) must be \[num_tokens, num_kv_heads, head_dim\]"):
+        torch_bridge.write_kv(torch.from_numpy(k), None, torch.zeros(6, 2, 8), None, torch.from_numpy(slots))
