@@ -116,7 +116,9 @@ def paged_greedy(params, cfg: Config, prompts: list[list[int]], steps: int, back
     batch = len(prompts)
     caches, page_table = empty_caches(cfg, batch)
     lengths = np.array([len(p) for p in prompts])
-    padded = np.zeros((batch, steps + 1), np.int32)
+    if steps >= cfg.max_len:
+        raise ValueError(f"steps ({steps}) must be below the cache's max_len ({cfg.max_len})")
+    padded = np.zeros((batch, max(steps, int(lengths.max())) + 1), np.int32)
     for row, prompt in enumerate(prompts):
         padded[row, : len(prompt)] = prompt
     sequence = padded.copy()
@@ -127,7 +129,7 @@ def paged_greedy(params, cfg: Config, prompts: list[list[int]], steps: int, back
         choice = np.asarray(jnp.argmax(logits, axis=-1))
         # A row still inside its prompt keeps the prompt's next token.
         sequence[:, step + 1] = np.where(step + 1 < lengths, padded[:, step + 1], choice)
-    return sequence[:, 1:]
+    return sequence[:, 1 : steps + 1]
 
 
 def dense_forward(params, cfg: Config, tokens):
