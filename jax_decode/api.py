@@ -11,7 +11,7 @@ Dimension names::
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.custom_batching
@@ -21,6 +21,7 @@ from jax_decode import triton_backend
 from jax_decode.interpret_backend import decode_attention_interpret
 from jax_decode.launch import DeviceInfo, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
+from jax_decode.operands import float_operand
 from jax_decode.validation import check_decode_args, check_index_values, check_num_kv_splits
 from jax_decode.xla_backend import decode_attention_xla
 
@@ -40,6 +41,10 @@ def decode_attention(
     num_kv_splits: int | None = None,
     head_dim_v: int | None = None,
     return_lse: bool = False,
+    k_scale: jax.Array | float | None = None,
+    v_scale: jax.Array | float | None = None,
+    sinks: jax.Array | None = None,
+    window_left: int | None = None,
     backend: Backend = "auto",
     check_inputs: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
@@ -47,8 +52,9 @@ def decode_attention(
 
     Args:
       q: ``[batch, num_heads, head_dim_qk]``, float16, bfloat16 or float32.
-      k_cache: ``[num_pages, page_size, num_kv_heads, head_dim_qk]``, q's dtype.
-      v_cache: ``[num_pages, page_size, num_kv_heads, head_dim_v]``, q's dtype; or
+      k_cache: ``[num_pages, page_size, num_kv_heads, head_dim_qk]``, q's dtype or
+        an fp8 dtype (``float8_e4m3fn``, ``float8_e5m2``; dequantised in the kernel).
+      v_cache: ``[num_pages, page_size, num_kv_heads, head_dim_v]``, k_cache's dtype; or
         ``None`` with ``head_dim_v`` set, meaning V is ``k_cache[..., :head_dim_v]``
         (MLA's shared latent cache; read without a copy).
       page_table: int32 ``[batch, max_pages]``; row ``b``'s token ``t`` lives in page
@@ -60,7 +66,16 @@ def decode_attention(
       logit_cap: if > 0, scores become ``logit_cap * tanh(score / logit_cap)``.
       num_kv_splits: KV splits of stage 1; ``None`` lets the launch config choose.
       head_dim_v: width of V; needed when ``v_cache`` is None.
-      return_lse: also return the natural log-sum-exp of the scaled scores.
+      return_lse: also return the natural log-sum-exp of the scaled scores (sinks
+        included: it is the log of the softmax's denominator).
+      k_scale, v_scale: dequantisation scales, float ``()``/``[1]`` (per tensor) or
+        ``[num_kv_heads]`` (per KV head): the cache holds ``K / k_scale``.  Mostly for
+        fp8 caches; ``None`` means 1.  With ``v_cache=None`` (MLA) V takes k_scale.
+      sinks: float ``[num_heads]`` attention-sink logits (gpt-oss): each adds
+        ``exp(sink)`` to its head's softmax denominator, in units of the scaled scores.
+      window_left: sliding window: attend only to the last ``window_left + 1`` tokens
+        of each row (Mistral / Gemma local layers); pages before the window are not
+        read.  ``None`` (or -1): the whole row.
       backend: ``"triton"`` (the kernels via jax_triton; CUDA/ROCm), ``"xla"`` (plain
         JAX, any platform), ``"interpret"`` (the kernels in Triton's interpreter on the
         host; needs torch; for testing), or ``"auto"``: triton on GPU, xla elsewhere,
@@ -92,37 +107,48 @@ def decode_attention(
         head_dim_v=head_dim_v,
         sm_scale=sm_scale,
         logit_cap=logit_cap,
+        k_scale=_spec(k_scale := float_operand(k_scale)),
+        v_scale=_spec(v_scale := float_operand(v_scale)),
+        sinks=_spec(sinks := float_operand(sinks)),
+        window_left=window_left,
     )
     num_kv_splits = check_num_kv_splits(num_kv_splits)
     if check_inputs:
         check = functools.partial(check_index_values, num_pages=problem.num_pages, page_size=problem.page_size)
         jax.debug.callback(check, page_table, seq_lens)
-    args = (q, k_cache, v_cache, page_table, seq_lens)
-
-    has_v = v_cache is not None
+    args = DecodeArrays(
+        q, k_cache, v_cache, page_table, seq_lens,
+        None if k_scale is None else k_scale.astype(jnp.float32).reshape(-1),
+        None if v_scale is None else v_scale.astype(jnp.float32).reshape(-1),
+        None if sinks is None else sinks.astype(jnp.float32),
+    )  # fmt: skip
+    given = tuple(x is not None for x in args)
 
     def compute(*arrays):
-        q, k, v, pt, sl = arrays if has_v else (arrays[0], arrays[1], None, *arrays[2:])
-        return _dispatch((q, k, v, pt, sl), problem, backend, num_kv_splits)
+        it = iter(arrays)
+        return _dispatch(DecodeArrays(*(next(it) if g else None for g in given)), problem, backend, num_kv_splits)
 
     def fold_vmapped_axis(axis_size, in_batched, *arrays):
         """jax.vmap rule: a mapped axis of q / page_table / seq_lens joins the batch."""
-        if any(in_batched[1:-2]):
+        it = iter(zip(arrays, in_batched, strict=True))
+        full = DecodeArrays(*(next(it) if g else (None, False) for g in given))
+        if any(batched for name, (_, batched) in zip(DecodeArrays._fields, full, strict=True) if name not in _ROW_ARGS):
             raise ValueError(
                 "jax.vmap of decode_attention maps q, page_table and seq_lens over one shared "
-                "cache; k_cache and v_cache must not be mapped (give them in_axes=None)"
+                "cache; k_cache and v_cache must not be mapped, nor k_scale, v_scale or sinks (give them in_axes=None)"
             )
 
-        def mapped(x, batched):
+        def mapped(name):
+            x, batched = getattr(full, name)
             return x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
 
-        q, pt, sl = (mapped(arrays[i], in_batched[i]) for i in (0, -2, -1))
-        k, v = arrays[1], (arrays[2] if has_v else None)
+        q, pt, sl = mapped("q"), mapped("page_table"), mapped("seq_lens")
         out, lse = decode_attention(
-            q.reshape(-1, *q.shape[2:]), k, v,
+            q.reshape(-1, *q.shape[2:]), full.k_cache[0], full.v_cache[0],
             pt.reshape(-1, pt.shape[-1]), sl.reshape(-1),
             sm_scale=problem.sm_scale, logit_cap=problem.logit_cap, num_kv_splits=num_kv_splits,
-            head_dim_v=problem.head_dim_v, return_lse=True, backend=backend,
+            head_dim_v=problem.head_dim_v, return_lse=True, k_scale=full.k_scale[0], v_scale=full.v_scale[0],
+            sinks=full.sinks[0], window_left=problem.window_left, backend=backend,
         )  # fmt: skip
         return (out.reshape(axis_size, -1, *out.shape[1:]), lse.reshape(axis_size, -1, lse.shape[-1])), (True, True)
 
@@ -134,9 +160,30 @@ def decode_attention(
     return (out, lse) if return_lse else out
 
 
+class DecodeArrays(NamedTuple):
+    """decode_attention's array operands, as every backend takes them (None: not given)."""
+
+    q: jax.Array
+    k_cache: jax.Array
+    v_cache: jax.Array | None
+    page_table: jax.Array
+    seq_lens: jax.Array
+    k_scale: jax.Array | None  # float32 [1] or [num_kv_heads]
+    v_scale: jax.Array | None
+    sinks: jax.Array | None  # float32 [num_heads]
+
+
+# The operands that have one entry per row (a vmapped axis folds into their batch).
+_ROW_ARGS = ("q", "page_table", "seq_lens")
+
+
+def _spec(x):
+    return None if x is None else (x.shape, x.dtype)
+
+
 def _dispatch(args, problem, backend: str, num_kv_splits: int | None):
     """(out, lse) of the checked arguments on the chosen backend."""
-    q = args[0]
+    q = args.q
     if problem.batch == 0:
         out = jnp.zeros((0, problem.num_heads, problem.head_dim_v), q.dtype)
         lse = jnp.zeros((0, problem.num_heads), jnp.float32)

@@ -80,14 +80,32 @@ def _split_bounds(
     NUM_KV_SPLITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAPACITY: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
 ):
-    """Token range [start, end) of one KV split; splits are whole BLOCK_N blocks."""
+    """Token range [start, end) of one KV split; splits are whole BLOCK_N blocks.
+
+    With a sliding window (WINDOW_LEFT >= 0) the splits share only the last
+    WINDOW_LEFT + 1 tokens: tokens (and pages) before the window are never read.
+    """
     seq_len = tl.load(seq_lens_ptr + batch_idx)
     seq_len = tl.minimum(tl.maximum(seq_len, 0), CAPACITY)
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
-    start = split_idx * per_split
+    first = seq_len * 0
+    if WINDOW_LEFT >= 0:
+        first = tl.maximum(seq_len - 1 - WINDOW_LEFT, 0)
+    per_split = tl.cdiv(tl.cdiv(seq_len - first, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split_idx * per_split
     end = tl.minimum(start + per_split, seq_len)
     return start, end
+
+
+@triton.jit
+def _kv_scale(scale_ptr, kv_head, MODE: tl.constexpr):
+    """A cache's dequantisation scale: MODE 1 one per tensor, 2 one per KV head."""
+    if MODE == 2:
+        scale = tl.load(scale_ptr + kv_head)
+    else:
+        scale = tl.load(scale_ptr)
+    return scale
 
 
 @triton.jit
@@ -107,6 +125,8 @@ def _decode_stage1_mha(
     v_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_v]; may alias k_ptr (MLA)
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # f32 [1] or [num_kv_heads]: K dequantisation scale (read if K_SCALE)
+    v_scale_ptr,  # f32 [1] or [num_kv_heads]: V dequantisation scale (read if V_SCALE)
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
     mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
     mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
@@ -127,6 +147,9 @@ def _decode_stage1_mha(
     STRIDE_MLS: tl.constexpr,
     SM_SCALE: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
+    K_SCALE: tl.constexpr,  # 0: none; 1: one per tensor; 2: one per KV head
+    V_SCALE: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,  # -1: no window; else attend to the last WINDOW_LEFT + 1 tokens
     KV_GROUP: tl.constexpr,
     HEAD_DIM_QK: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
@@ -158,10 +181,13 @@ def _decode_stage1_mha(
         mask_dpe = offs_dpe < HEAD_DIM_QK
         q_pe = tl.load(q_row + offs_dpe, mask=mask_dpe, other=0.0).to(tl.float32)
 
-    start, end = _split_bounds(seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY)
+    start, end = _split_bounds(seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY, WINDOW_LEFT)
     page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
     k_head_ptr = k_ptr + kv_head * STRIDE_KH
     v_head_ptr = v_ptr + kv_head * STRIDE_VH
+
+    if K_SCALE > 0:
+        k_scale = _kv_scale(k_scale_ptr, kv_head, K_SCALE)
 
     m_i = float("-inf")
     l_i = 0.0
@@ -175,6 +201,8 @@ def _decode_stage1_mha(
         if BLOCK_DPE > 0:
             k_pe = tl.load(k_rows[:, None] + offs_dpe[None, :], mask=valid[:, None] & mask_dpe[None, :], other=0.0)
             qk += tl.sum(q_pe[None, :] * k_pe.to(tl.float32), 1)
+        if K_SCALE > 0:
+            qk = qk * k_scale  # dequantise through the scores: K stays in its dtype
         s = tl.where(valid, _scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
 
         v_rows = v_head_ptr + page * STRIDE_VP + slot * STRIDE_VS
@@ -193,8 +221,11 @@ def _decode_stage1_mha(
     has_tokens = l_i > 0
     l_safe = tl.where(has_tokens, l_i, 1.0)
     lse = tl.where(has_tokens, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    o = acc / l_safe
+    if V_SCALE > 0:
+        o = o * _kv_scale(v_scale_ptr, kv_head, V_SCALE)  # one multiply per output, not per token
     mid_row = batch_idx * STRIDE_MOB + head * STRIDE_MOH + split_idx * STRIDE_MOS
-    tl.store(mid_o_ptr + mid_row + offs_dv, acc / l_safe, mask=mask_dv)
+    tl.store(mid_o_ptr + mid_row + offs_dv, o, mask=mask_dv)
     tl.store(mid_lse_ptr + batch_idx * STRIDE_MLB + head * STRIDE_MLH + split_idx * STRIDE_MLS, lse)
 
 
@@ -205,6 +236,8 @@ def _decode_stage1_grouped(
     v_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_v]; may alias k_ptr (MLA)
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # f32 [1] or [num_kv_heads]: K dequantisation scale (read if K_SCALE)
+    v_scale_ptr,  # f32 [1] or [num_kv_heads]: V dequantisation scale (read if V_SCALE)
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
     mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
     mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
@@ -225,6 +258,9 @@ def _decode_stage1_grouped(
     STRIDE_MLS: tl.constexpr,
     SM_SCALE: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
+    K_SCALE: tl.constexpr,  # 0: none; 1: one per tensor; 2: one per KV head
+    V_SCALE: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,  # -1: no window; else attend to the last WINDOW_LEFT + 1 tokens
     KV_GROUP: tl.constexpr,
     HEAD_DIM_QK: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
@@ -273,10 +309,13 @@ def _decode_stage1_grouped(
         mask_dpe = offs_dpe < HEAD_DIM_QK
         q_pe = tl.load(q_rows[:, None] + offs_dpe[None, :], mask=mask_h[:, None] & mask_dpe[None, :], other=0.0)
 
-    start, end = _split_bounds(seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY)
+    start, end = _split_bounds(seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY, WINDOW_LEFT)
     page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
     k_head_ptr = k_ptr + kv_head * STRIDE_KH
     v_head_ptr = v_ptr + kv_head * STRIDE_VH
+
+    if K_SCALE > 0:
+        k_scale = _kv_scale(k_scale_ptr, kv_head, K_SCALE)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -286,10 +325,14 @@ def _decode_stage1_grouped(
         page, slot, valid = _token_pages(page_row_ptr, offs_n, end, num_pages, PAGE_SIZE)
         k_rows = k_head_ptr + page * STRIDE_KP + slot * STRIDE_KS
         k = tl.load(k_rows[:, None] + offs_d[None, :], mask=valid[:, None] & mask_d[None, :], other=0.0)
+        # An fp8 cache widens to q's dtype (exactly) for the tensor cores; else a no-op.
+        k = k.to(q.dtype)
         qk = _dot(q, tl.trans(k), DOT_PRECISION, DOT_UPCAST)
         if BLOCK_DPE > 0:
             k_pe = tl.load(k_rows[:, None] + offs_dpe[None, :], mask=valid[:, None] & mask_dpe[None, :], other=0.0)
-            qk += _dot(q_pe, tl.trans(k_pe), DOT_PRECISION, DOT_UPCAST)
+            qk += _dot(q_pe, tl.trans(k_pe.to(q.dtype)), DOT_PRECISION, DOT_UPCAST)
+        if K_SCALE > 0:
+            qk = qk * k_scale  # dequantise through the scores: K stays in its dtype
         s = tl.where(valid[None, :], _scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
 
         if V_FROM_K:
@@ -297,6 +340,7 @@ def _decode_stage1_grouped(
         else:
             v_rows = v_head_ptr + page * STRIDE_VP + slot * STRIDE_VS
             v = tl.load(v_rows[:, None] + offs_dv[None, :], mask=valid[:, None] & mask_dv[None, :], other=0.0)
+            v = v.to(q.dtype)
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # see _decode_stage1_mha
@@ -309,10 +353,13 @@ def _decode_stage1_grouped(
     has_tokens = l_i > 0
     l_safe = tl.where(has_tokens, l_i, 1.0)
     lse = tl.where(has_tokens, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    o = acc / l_safe[:, None]
+    if V_SCALE > 0:
+        o = o * _kv_scale(v_scale_ptr, kv_head, V_SCALE)  # one multiply per output, not per token
     mid_rows = batch_idx * STRIDE_MOB + heads * STRIDE_MOH + split_idx * STRIDE_MOS
     tl.store(
         mid_o_ptr + mid_rows[:, None] + offs_dv[None, :],
-        acc / l_safe[:, None],
+        o,
         mask=mask_h[:, None] & mask_dv[None, :],
     )
     lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads * STRIDE_MLH + split_idx * STRIDE_MLS
@@ -323,6 +370,7 @@ def _decode_stage1_grouped(
 def _decode_stage2(
     mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
     mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
+    sinks_ptr,  # f32 [num_heads]: per-head sink logits (read if HAS_SINKS)
     out_ptr,  # [batch, num_heads, head_dim_v], q's dtype
     lse_ptr,  # f32 [batch, num_heads], natural log
     STRIDE_MOB: tl.constexpr,
@@ -339,8 +387,13 @@ def _decode_stage2(
     BLOCK_DV: tl.constexpr,
     BLOCK_S: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
-    """Merge the splits of one (batch row, head) by log-sum-exp; empty splits weigh 0."""
+    """Merge the splits of one (batch row, head) by log-sum-exp; empty splits weigh 0.
+
+    A sink (gpt-oss) is one more logit in the softmax's denominator with a zero value:
+    it joins the merge as a split whose output is 0 and whose LSE is the sink.
+    """
     batch_idx = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -350,8 +403,13 @@ def _decode_stage2(
     lse_row = mid_lse_ptr + batch_idx * STRIDE_MLB + head * STRIDE_MLH
     split_lse = tl.load(lse_row + offs_s * STRIDE_MLS, mask=offs_s < NUM_KV_SPLITS, other=float("-inf"))
     m = tl.max(split_lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head)
+        m = tl.maximum(m, sink)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     denom = tl.sum(tl.exp(split_lse - m_safe), 0)
+    if HAS_SINKS:
+        denom += tl.exp(sink - m_safe)
 
     o_row = mid_o_ptr + batch_idx * STRIDE_MOB + head * STRIDE_MOH
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
@@ -371,6 +429,7 @@ def _decode_stage2(
 def _write_cache(
     new_ptr,  # [num_tokens, num_kv_heads, head_dim]: this step's keys (or values)
     slots_ptr,  # int32 [num_tokens]: page * page_size + slot; outside [0, num_slots) skipped
+    scale_ptr,  # f32 [1] or [num_kv_heads]: rows are divided by it (read if SCALE)
     num_slots,  # int: num_pages * page_size
     cache_in_ptr,  # the cache as an input; jax_triton aliases it to cache_ptr (unused)
     cache_ptr,  # [num_pages, page_size, num_kv_heads, head_dim], written in place
@@ -382,8 +441,14 @@ def _write_cache(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    SCALE: tl.constexpr,  # 0: none; 1: one per tensor; 2: one per KV head
+    SATURATE: tl.constexpr,  # > 0: clamp to +-SATURATE before the cast (fp8's largest finite)
 ):
-    """Scatter one token's row for one KV head into its cache slot (paged KV write)."""
+    """Scatter one token's row for one KV head into its cache slot (paged KV write).
+
+    For an fp8 cache the row is quantised: divided by the scale and clamped to the
+    format's finite range (no inf or NaN from a large value), then rounded to nearest.
+    """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK_D)
@@ -393,6 +458,10 @@ def _write_cache(
     slot = tl.where(valid, slot, 0)  # never form an address outside the cache
     mask = offs < HEAD_DIM
     row = tl.load(new_ptr + token * STRIDE_NT + head * STRIDE_NH + offs, mask=mask, other=0.0)
+    if SCALE > 0:
+        row = row.to(tl.float32) / _kv_scale(scale_ptr, head, SCALE)
+    if SATURATE > 0:
+        row = tl.minimum(tl.maximum(row.to(tl.float32), -SATURATE), SATURATE)
     dst = cache_ptr + (slot // PAGE_SIZE) * STRIDE_CP + (slot % PAGE_SIZE) * STRIDE_CS + head * STRIDE_CH
     tl.store(dst + offs, row.to(cache_ptr.dtype.element_ty), mask=mask & valid)
 

@@ -34,6 +34,11 @@ MAX_BATCH = 65535
 # tl.dot needs at least 16 along each dimension.
 MIN_DOT_DIM = 16
 
+# How a cache's dequantisation scale is given (the kernels' K_SCALE / V_SCALE / SCALE).
+SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_KV_HEAD = 0, 1, 2
+# Largest finite value of each fp8 cache format: quantised writes saturate there.
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
 
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
@@ -79,6 +84,11 @@ class DecodeProblem:
     v_from_k: bool  # V is k_cache[..., :head_dim_v] (MLA): no separate V array
     sm_scale: float
     logit_cap: float
+    kv_dtype: str | None = None  # cache dtype when it differs from q's (fp8)
+    k_scale: int = SCALE_NONE  # SCALE_* mode of k_scale
+    v_scale: int = SCALE_NONE  # SCALE_* mode of v_scale
+    window_left: int = -1  # >= 0: attend to the last window_left + 1 tokens only
+    has_sinks: bool = False  # per-head sink logits join the softmax denominator
 
     @property
     def kv_group(self) -> int:
@@ -88,6 +98,15 @@ class DecodeProblem:
     def capacity(self) -> int:
         """Most tokens one row can hold: max_pages * page_size."""
         return self.max_pages * self.page_size
+
+    @property
+    def cache_dtype(self) -> str:
+        return self.kv_dtype or self.dtype
+
+    @property
+    def max_attended(self) -> int:
+        """Most tokens one row attends to (and stage 1 reads): the capacity or the window."""
+        return self.capacity if self.window_left < 0 else min(self.capacity, self.window_left + 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +217,9 @@ class LaunchConfig:
             STRIDE_MLS=strides.mid_lse[2],
             SM_SCALE=float(p.sm_scale),
             LOGIT_CAP=float(p.logit_cap),
+            K_SCALE=p.k_scale,
+            V_SCALE=p.v_scale,
+            WINDOW_LEFT=p.window_left,
             KV_GROUP=p.kv_group,
             HEAD_DIM_QK=p.head_dim_qk,
             HEAD_DIM_V=p.head_dim_v,
@@ -236,6 +258,7 @@ class LaunchConfig:
             BLOCK_DV=self.block_dv,
             BLOCK_S=next_power_of_2(self.num_kv_splits),
             NUM_KV_SPLITS=self.num_kv_splits,
+            HAS_SINKS=self.problem.has_sinks,
         )
         return KernelLaunch("stage2", self.stage2_grid, self.stage2_num_warps, 1, tuple(meta.items()))
 
@@ -251,6 +274,15 @@ class LaunchConfig:
         )
 
 
+def stage1_scales(k_scale, v_scale, placeholder, v_from_k: bool):
+    """Stage 1's scale operands, for every frontend: ``placeholder`` (any array of the
+    call) where a scale is absent -- the kernel does not read it then -- and K's scale
+    for V when V is K's latent (MLA)."""
+    if v_from_k:
+        v_scale = k_scale
+    return (placeholder if k_scale is None else k_scale), (placeholder if v_scale is None else v_scale)
+
+
 def write_cache_launch(
     num_tokens: int,
     num_kv_heads: int,
@@ -258,8 +290,14 @@ def write_cache_launch(
     page_size: int,
     new_strides: tuple[int, int],
     cache_strides: tuple[int, int, int],
+    cache_dtype: str,
+    scale: int = SCALE_NONE,
 ) -> KernelLaunch:
-    """The paged KV write: one program per (token, KV head) copies one row."""
+    """The paged KV write: one program per (token, KV head) copies one row.
+
+    Rows are divided by the scale (``scale`` a SCALE_* mode) and, for an fp8 cache,
+    saturated to its finite range before the cast.
+    """
     block_d = next_power_of_2(head_dim)
     meta = dict(
         STRIDE_NT=new_strides[0],
@@ -270,6 +308,8 @@ def write_cache_launch(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE_SIZE=page_size,
+        SCALE=scale,
+        SATURATE=FP8_MAX.get(cache_dtype, 0.0),
     )
     num_warps = 1 if block_d <= 128 else 2
     return KernelLaunch("write_cache", (num_tokens, num_kv_heads, 1), num_warps, 1, tuple(meta.items()))
@@ -301,8 +341,8 @@ def choose_num_kv_splits(problem: DecodeProblem, device: DeviceInfo, programs_pe
     last wave runs with idle SMs).  The merge in stage 2 bounds the useful count.
     """
     wanted = cdiv(PROGRAMS_PER_SM * device.num_sms, max(programs_per_split, 1))
-    short_walks = cdiv(problem.capacity, MAX_TOKENS_PER_SPLIT)
-    most_useful = max(1, cdiv(problem.capacity, block_n * MIN_BLOCKS_PER_SPLIT))
+    short_walks = cdiv(problem.max_attended, MAX_TOKENS_PER_SPLIT)
+    most_useful = max(1, cdiv(problem.max_attended, block_n * MIN_BLOCKS_PER_SPLIT))
     return max(1, min(max(wanted, short_walks), most_useful, MAX_AUTO_KV_SPLITS))
 
 
@@ -322,7 +362,7 @@ def _grouped_blocks(p: DecodeProblem, device: DeviceInfo, block_dmodel: int, blo
     """(BLOCK_N, num_stages) of the grouped kernel: 64 tokens and 2 stages, which the
     H200 sweep found best for GQA, and 3 stages for wide heads (MQA d256, MLA), where
     it found them best -- as far as the K/V tiles fit the shared-memory budget."""
-    itemsize = {"float32": 4}.get(p.dtype, 2)
+    itemsize = {"float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}.get(p.cache_dtype, 2)
     row_bytes = (block_dmodel + block_dpe + (0 if p.v_from_k else block_dv)) * itemsize
     block_n, stages = 64, (3 if block_dmodel + block_dpe >= 256 else 2)
     budget = shared_memory_budget(device)

@@ -6,7 +6,8 @@ one reference.  It implements the documented semantics for awkward inputs too:
 
 * ``seq_len`` is clamped to ``[0, max_pages * page_size]``;
 * a token whose page id lies outside ``[0, num_pages)`` is left out of the softmax;
-* a row with no token left gives an all-zero output and LSE ``-inf``.
+* a row with no token left gives an all-zero output and LSE ``-inf`` (with a sink:
+  zeros and LSE = the sink, the softmax's whole weight being on the sink).
 """
 
 from __future__ import annotations
@@ -24,15 +25,30 @@ def decode_attention_reference(
     sm_scale: float | None = None,
     logit_cap: float = 0.0,
     head_dim_v: int | None = None,
+    k_scale=None,
+    v_scale=None,
+    sinks=None,
+    window_left: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns ``(out float64[batch, num_heads, head_dim_v], lse float64[batch, num_heads])``.
 
-    Inputs are anything ``np.asarray`` takes (bfloat16 arrays included); ``v_cache=None``
-    means V is ``k_cache[..., :head_dim_v]``.
+    Inputs are anything ``np.asarray`` takes (bfloat16 and fp8 arrays included);
+    ``v_cache=None`` means V is ``k_cache[..., :head_dim_v]``.  The cache holds
+    ``K / k_scale`` (a scalar or one per KV head; ``v_cache=None``: V takes k_scale);
+    ``sinks[h]`` adds ``exp(sinks[h])`` to head h's denominator (and to the LSE);
+    ``window_left=W`` keeps only the last W + 1 positions of each row.
     """
+
+    def dequantised(cache, scale):
+        cache = np.asarray(cache).astype(np.float64)
+        if scale is None:
+            return cache
+        return cache * np.broadcast_to(np.asarray(scale, np.float64).reshape(-1), (cache.shape[2],))[:, None]
+
     q = np.asarray(q).astype(np.float64)
-    k_cache = np.asarray(k_cache).astype(np.float64)
-    v_cache = k_cache[..., :head_dim_v] if v_cache is None else np.asarray(v_cache).astype(np.float64)
+    k_cache = dequantised(k_cache, k_scale)
+    v_cache = k_cache[..., :head_dim_v] if v_cache is None else dequantised(v_cache, v_scale)
+    sinks = None if sinks is None else np.asarray(sinks).astype(np.float64)
     page_table = np.asarray(page_table).astype(np.int64)
     seq_lens = np.asarray(seq_lens).astype(np.int64)
 
@@ -45,12 +61,12 @@ def decode_attention_reference(
     out = np.zeros((batch, num_heads, v_cache.shape[-1]), np.float64)
     lse = np.full((batch, num_heads), -np.inf, np.float64)
     for b in range(batch):
-        positions = np.arange(min(max(int(seq_lens[b]), 0), capacity))
+        length = min(max(int(seq_lens[b]), 0), capacity)
+        first = 0 if window_left is None or window_left < 0 else max(length - 1 - window_left, 0)
+        positions = np.arange(first, length)
         pages = page_table[b, positions // page_size]
         keep = (pages >= 0) & (pages < num_pages)
         pages, slots = pages[keep], positions[keep] % page_size
-        if pages.size == 0:
-            continue
         for h in range(num_heads):
             kv_head = h // group
             keys = k_cache[pages, slots, kv_head]  # [tokens, head_dim_qk]
@@ -58,8 +74,13 @@ def decode_attention_reference(
             scores = keys @ q[b, h] * scale
             if logit_cap > 0:
                 scores = logit_cap * np.tanh(scores / logit_cap)
-            peak = scores.max()
+            # A sink is one more logit whose value is zero.
+            extra = [] if sinks is None or sinks[h] == -np.inf else [sinks[h]]
+            if scores.size + len(extra) == 0:
+                continue
+            peak = max(scores.max(initial=-np.inf), *extra) if extra else scores.max()
             weights = np.exp(scores - peak)
-            out[b, h] = weights @ values / weights.sum()
-            lse[b, h] = peak + np.log(weights.sum())
+            total = weights.sum() + sum(np.exp(x - peak) for x in extra)
+            out[b, h] = weights @ values / total
+            lse[b, h] = peak + np.log(total)
     return out, lse

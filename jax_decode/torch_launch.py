@@ -12,7 +12,7 @@ import functools
 import threading
 
 from jax_decode import kernels
-from jax_decode.launch import KernelLaunch, KernelStrides, LaunchConfig
+from jax_decode.launch import KernelLaunch, KernelStrides, LaunchConfig, stage1_scales
 
 _INTERPRETER_LOCK = threading.Lock()
 
@@ -128,12 +128,15 @@ def strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse) -> KernelStrides:
 
 
 def launch_decode(
-    config: LaunchConfig, q, k, v, page_table, seq_lens, mid_o, mid_lse, out, lse, *, interpret: bool
-) -> None:
+    config: LaunchConfig, q, k, v, page_table, seq_lens, mid_o, mid_lse, out, lse, *,
+    k_scale=None, v_scale=None, sinks=None, interpret: bool,
+) -> None:  # fmt: skip
     """Run stage 1 and stage 2, writing ``out`` and ``lse`` (and the scratch) in place.
 
     ``v`` is the V cache, or ``k`` itself for MLA (V = k[..., :head_dim_v]); shapes
-    and dtypes are the ones ``config`` was made for.  Tensors live on one device.
+    and dtypes are the ones ``config`` was made for.  ``k_scale``/``v_scale`` float32
+    ``[1]``/``[num_kv_heads]`` and ``sinks`` float32 ``[num_heads]`` are given exactly
+    when the config says so.  Tensors live on one device.
     """
     if config.problem.batch == 0:
         return
@@ -144,18 +147,21 @@ def launch_decode(
     if stages is None:
         stages = _LAUNCHES[key] = _launches(config, strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse))
     stage1, stage2 = stages
-    stage1.run((q, k, v, page_table, seq_lens, config.problem.num_pages, mid_o, mid_lse), interpret)
-    stage2.run((mid_o, mid_lse, out, lse), interpret)
+    k_scale, v_scale = stage1_scales(k_scale, v_scale, seq_lens, config.problem.v_from_k)
+    stage1.run((q, k, v, page_table, seq_lens, k_scale, v_scale, config.problem.num_pages, mid_o, mid_lse), interpret)
+    stage2.run((mid_o, mid_lse, mid_lse if sinks is None else sinks, out, lse), interpret)
 
 
 _WRITES: dict[KernelLaunch, _StageLaunch] = {}
 
 
-def launch_write_cache(launch: KernelLaunch, new, slots, num_slots: int, cache, *, interpret: bool) -> None:
+def launch_write_cache(
+    launch: KernelLaunch, new, slots, num_slots: int, cache, *, scale=None, interpret: bool
+) -> None:  # fmt: skip
     """Scatter ``new`` rows into ``cache`` in place (see kernels._write_cache)."""
     if launch.grid[0] == 0:
         return
     stage = _WRITES.get(launch)
     if stage is None:
         stage = _WRITES[launch] = _StageLaunch(launch)
-    stage.run((new, slots, num_slots, cache, cache), interpret)
+    stage.run((new, slots, slots if scale is None else scale, num_slots, cache, cache), interpret)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_decode import kernels
-from jax_decode.launch import DeviceInfo, LaunchConfig
+from jax_decode.launch import DeviceInfo, LaunchConfig, stage1_scales
 
 _COMPILE_TARGET: contextvars.ContextVar[DeviceInfo | None] = contextvars.ContextVar(
     "jax_decode_compile_target", default=None
@@ -84,7 +84,9 @@ def target_device() -> DeviceInfo | None:
     return _COMPILE_TARGET.get() or _visible_gpu()
 
 
-def decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, config: LaunchConfig):
+def decode_attention_triton(
+    q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, config: LaunchConfig
+):  # fmt: skip
     """Stage 1 and stage 2 through triton_call; returns (out, lse)."""
     jt = import_jax_triton()
     p = config.problem
@@ -94,12 +96,15 @@ def decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, config: L
         compile_options["compute_capability"] = config.device.compute_capability
 
     stage1 = config.stage1(strides)
+    k_scale, v_scale = stage1_scales(k_scale, v_scale, seq_lens, p.v_from_k)
     mid_o, mid_lse = jt.triton_call(
         q,
         k_cache,
         k_cache if p.v_from_k else v_cache,
         page_table,
         seq_lens,
+        k_scale,
+        v_scale,
         p.num_pages,
         kernel=kernels.STAGE1_KERNELS[stage1.kernel_name],
         grid=stage1.grid,
@@ -118,6 +123,7 @@ def decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, config: L
     out, lse = jt.triton_call(
         mid_o,
         mid_lse,
+        mid_lse if sinks is None else sinks,  # a placeholder when there are no sinks
         kernel=kernels.STAGE2_KERNEL,
         grid=stage2.grid,
         num_warps=stage2.num_warps,

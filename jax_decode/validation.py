@@ -11,9 +11,19 @@ import math
 import numbers
 from collections.abc import Sequence
 
-from jax_decode.launch import MAX_BATCH, MAX_KV_SPLITS, DecodeProblem, default_sm_scale
+from jax_decode.launch import (
+    FP8_MAX,
+    MAX_BATCH,
+    MAX_KV_SPLITS,
+    SCALE_NONE,
+    SCALE_PER_KV_HEAD,
+    SCALE_PER_TENSOR,
+    DecodeProblem,
+    default_sm_scale,
+)
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
+FP8_DTYPES = tuple(FP8_MAX)  # cache-only dtypes: float8_e4m3fn, float8_e5m2
 INDEX_DTYPE = "int32"
 MAX_HEAD_DIM = 1024
 
@@ -51,6 +61,38 @@ def _check_scalar(name: str, value: object, *, allow_zero: bool) -> float:
     return value
 
 
+def _check_cache_dtype(name: str, dtype: str, q_dtype: str) -> None:
+    if dtype in FP8_DTYPES:
+        return
+    _check_float_dtype(name, dtype)
+    if dtype != q_dtype:
+        raise TypeError(f"{name} dtype ({dtype}) must equal q dtype ({q_dtype}) or be one of {', '.join(FP8_DTYPES)}")
+
+
+def check_scale(name: str, spec: tuple | None, num_kv_heads: int) -> int:
+    """SCALE_* mode of a dequantisation scale given as (shape, dtype), or None."""
+    if spec is None:
+        return SCALE_NONE
+    shape, dtype = tuple(spec[0]), dtype_name(spec[1])
+    _check_float_dtype(name, dtype)
+    if shape in ((), (1,)):
+        return SCALE_PER_TENSOR
+    if shape == (num_kv_heads,):
+        return SCALE_PER_KV_HEAD
+    raise ValueError(f"{name} must have shape () or (1,) (per tensor) or ({num_kv_heads},) (per KV head), got {shape}")
+
+
+def check_window_left(window_left: object) -> int:
+    """-1 for no window (None or -1), else the window's extent to the left (>= 0)."""
+    if window_left is None:
+        return -1
+    if isinstance(window_left, bool) or not isinstance(window_left, numbers.Integral):
+        raise TypeError(f"window_left must be an int or None, got {type(window_left).__name__}")
+    if window_left < -1:
+        raise ValueError(f"window_left must be >= 0 (or -1 / None for no window), got {window_left}")
+    return int(window_left)
+
+
 def check_num_kv_splits(num_kv_splits: object) -> int | None:
     if num_kv_splits is None:
         return None
@@ -76,8 +118,15 @@ def check_decode_args(
     head_dim_v: int | None,
     sm_scale: float | None,
     logit_cap: float,
+    k_scale: tuple | None = None,
+    v_scale: tuple | None = None,
+    sinks: tuple | None = None,
+    window_left: object = None,
 ) -> DecodeProblem:
-    """Validate the arguments of ``decode_attention``; return the static problem."""
+    """Validate the arguments of ``decode_attention``; return the static problem.
+
+    ``k_scale``, ``v_scale`` and ``sinks`` are given as (shape, dtype) or None.
+    """
     _check_rank("q", q_shape, 3, "[batch, num_heads, head_dim_qk]")
     _check_rank("k_cache", k_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_qk]")
     if v_shape is not None:
@@ -87,9 +136,7 @@ def check_decode_args(
 
     q_dt, k_dt = dtype_name(q_dtype), dtype_name(k_dtype)
     _check_float_dtype("q", q_dt)
-    _check_float_dtype("k_cache", k_dt)
-    if k_dt != q_dt:
-        raise TypeError(f"k_cache dtype ({k_dt}) must equal q dtype ({q_dt})")
+    _check_cache_dtype("k_cache", k_dt, q_dt)
     if v_shape is not None:
         v_dt = dtype_name(v_dtype)
         if v_dt != k_dt:
@@ -139,6 +186,14 @@ def check_decode_args(
 
     scale = default_sm_scale(head_dim_qk) if sm_scale is None else _check_scalar("sm_scale", sm_scale, allow_zero=False)
     cap = _check_scalar("logit_cap", logit_cap, allow_zero=True)
+    if v_shape is None and v_scale is not None:
+        raise ValueError("v_scale must be None when v_cache is None: V is k_cache's latent, dequantised by k_scale")
+    k_scale_mode = check_scale("k_scale", k_scale, num_kv_heads)
+    v_scale_mode = check_scale("v_scale", v_scale, num_kv_heads)
+    if sinks is not None:
+        _check_float_dtype("sinks", dtype_name(sinks[1]))
+        if tuple(sinks[0]) != (num_heads,):
+            raise ValueError(f"sinks must have shape (num_heads,) = ({num_heads},), got {tuple(sinks[0])}")
     return DecodeProblem(
         batch=int(batch),
         num_heads=int(num_heads),
@@ -152,6 +207,12 @@ def check_decode_args(
         v_from_k=v_shape is None,
         sm_scale=scale,
         logit_cap=cap,
+        kv_dtype=k_dt if k_dt != q_dt else None,
+        k_scale=k_scale_mode,
+        # MLA: V is K's latent, so it takes K's scale.
+        v_scale=k_scale_mode if v_shape is None else v_scale_mode,
+        window_left=check_window_left(window_left),
+        has_sinks=sinks is not None,
     )
 
 
@@ -183,16 +244,25 @@ def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int) 
 
 
 def check_write_kv_args(
-    *, k_cache: tuple, v_cache: tuple | None, k_new: tuple, v_new: tuple | None, slot_mapping: tuple
-) -> tuple[int, int]:
+    *,
+    k_cache: tuple,
+    v_cache: tuple | None,
+    k_new: tuple,
+    v_new: tuple | None,
+    slot_mapping: tuple,
+    k_scale: tuple | None = None,
+    v_scale: tuple | None = None,
+) -> tuple[int, int, int, int]:
     """Validate ``write_kv``'s arguments, each given as (shape, dtype) (or None).
 
-    Returns ``(num_tokens, num_slots)``.  The cache layout is decode_attention's; new
-    rows are ``[num_tokens, num_kv_heads, head_dim]`` in any supported float dtype
-    (cast to the cache's on write).
+    Returns ``(num_tokens, num_slots, k_scale mode, v_scale mode)``.  The cache layout
+    is decode_attention's (fp8 included); new rows are ``[num_tokens, num_kv_heads,
+    head_dim]`` in any supported float dtype (divided by the scale, cast to the cache's).
     """
     if (v_cache is None) != (v_new is None):
         raise ValueError("v_cache and v_new must both be given or both be None (MLA: one latent cache)")
+    if v_cache is None and v_scale is not None:
+        raise ValueError("v_scale must be None when v_cache is None (MLA: one latent cache, scaled by k_scale)")
     _check_rank("slot_mapping", slot_mapping[0], 1, "[num_tokens]")
     _check_index_dtype("slot_mapping", dtype_name(slot_mapping[1]))
     num_tokens = slot_mapping[0][0]
@@ -204,7 +274,8 @@ def check_write_kv_args(
             continue
         _check_rank(cache_name, cache[0], 4, "[num_pages, page_size, num_kv_heads, head_dim]")
         _check_rank(new_name, new[0], 3, "[num_tokens, num_kv_heads, head_dim]")
-        _check_float_dtype(cache_name, dtype_name(cache[1]))
+        if dtype_name(cache[1]) not in FP8_DTYPES:
+            _check_float_dtype(cache_name, dtype_name(cache[1]))
         _check_float_dtype(new_name, dtype_name(new[1]))
         if tuple(new[0][1:]) != tuple(cache[0][2:]):
             raise ValueError(
@@ -215,4 +286,6 @@ def check_write_kv_args(
             raise ValueError(f"{new_name} has {new[0][0]} tokens but slot_mapping has {num_tokens}")
     if v_cache is not None and tuple(v_cache[0][:3]) != tuple(k_cache[0][:3]):
         raise ValueError(f"v_cache shape {tuple(v_cache[0])} must match k_cache shape {tuple(k_cache[0])} in its pages")
-    return int(num_tokens), int(k_cache[0][0] * k_cache[0][1])
+    num_kv_heads = k_cache[0][2]
+    k_mode, v_mode = check_scale("k_scale", k_scale, num_kv_heads), check_scale("v_scale", v_scale, num_kv_heads)
+    return int(num_tokens), int(k_cache[0][0] * k_cache[0][1]), k_mode, v_mode

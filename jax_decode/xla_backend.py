@@ -13,21 +13,30 @@ import jax.numpy as jnp
 from jax_decode.launch import DecodeProblem
 
 
-def decode_attention_xla(q, k_cache, v_cache, page_table, seq_lens, problem: DecodeProblem):
-    """Returns (out [batch, num_heads, head_dim_v] in q's dtype, lse f32 [batch, num_heads])."""
+def decode_attention_xla(
+    q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, problem: DecodeProblem
+):  # fmt: skip
+    """Returns (out [batch, num_heads, head_dim_v] in q's dtype, lse f32 [batch, num_heads]).
+
+    ``k_scale``/``v_scale`` float32 ``[1]`` or ``[num_kv_heads]`` or None; ``sinks``
+    float32 ``[num_heads]`` or None.
+    """
     p = problem
     page_ok = (page_table >= 0) & (page_table < p.num_pages)
     pages = jnp.where(page_ok, page_table, 0)
 
-    def gather(cache):  # [num_pages, page_size, kv, d] -> [batch, capacity, kv, d] f32
+    def gather(cache, scale):  # [num_pages, page_size, kv, d] -> [batch, capacity, kv, d] f32
         rows = cache[pages].astype(jnp.float32)
-        return rows.reshape(p.batch, p.capacity, p.num_kv_heads, cache.shape[-1])
+        rows = rows.reshape(p.batch, p.capacity, p.num_kv_heads, cache.shape[-1])
+        return rows if scale is None else rows * scale[:, None]
 
-    keys = gather(k_cache)
-    values = keys[..., : p.head_dim_v] if p.v_from_k else gather(v_cache)
+    keys = gather(k_cache, k_scale)
+    values = keys[..., : p.head_dim_v] if p.v_from_k else gather(v_cache, v_scale)
     positions = jnp.arange(p.capacity)
     lengths = jnp.clip(seq_lens, 0, p.capacity)
     token_ok = (positions[None, :] < lengths[:, None]) & jnp.repeat(page_ok, p.page_size, axis=1)
+    if p.window_left >= 0:
+        token_ok &= positions[None, :] >= lengths[:, None] - 1 - p.window_left
 
     # Zero the values of masked tokens: weight 0 times a stale NaN/inf would still be NaN.
     values = jnp.where(token_ok[:, :, None, None], values, 0.0)
@@ -39,9 +48,14 @@ def decode_attention_xla(q, k_cache, v_cache, page_table, seq_lens, problem: Dec
         scores = p.logit_cap * jnp.tanh(scores / p.logit_cap)
     scores = jnp.where(token_ok[:, None, None, :], scores, -jnp.inf)
     peak = scores.max(axis=-1)
+    if sinks is not None:
+        sinks = sinks.reshape(p.num_kv_heads, p.kv_group)
+        peak = jnp.maximum(peak, sinks)
     peak = jnp.where(peak == -jnp.inf, 0.0, peak)  # an empty row must not give NaN
     weights = jnp.exp(scores - peak[..., None])
     total = weights.sum(axis=-1)
+    if sinks is not None:
+        total = total + jnp.exp(sinks - peak)  # a sink's value is zero: denominator only
     safe_total = jnp.where(total > 0, total, 1.0)
     out = jnp.einsum("bkgt,btkd->bkgd", weights, values, precision=hi) / safe_total[..., None]
     lse = jnp.where(total > 0, peak + jnp.log(safe_total), -jnp.inf)

@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from jax_decode.launch import DecodeProblem, DeviceInfo, LaunchConfig, make_launch_config, write_cache_launch
+from jax_decode.launch import DeviceInfo, LaunchConfig, make_launch_config, write_cache_launch
 from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.torch_launch import launch_decode, launch_write_cache
 from jax_decode.validation import (
@@ -26,6 +26,7 @@ from jax_decode.validation import (
     check_index_values,
     check_num_kv_splits,
     check_write_kv_args,
+    dtype_name,
 )
 
 
@@ -45,9 +46,19 @@ def device_info(device: torch.device) -> DeviceInfo:
     raise ValueError(f"tensors must be on a CUDA device or the CPU (interpreter), got {device}")
 
 
-def _plan_uncached(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits, device):
+def _plan_uncached(
+    q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, head_dim_v, sm_scale, logit_cap,
+    window_left, num_kv_splits, device,
+):  # fmt: skip
     """Check the arguments (shapes, dtypes, scalars) and make the launch config."""
-    problem = _problem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap)
+    problem = check_decode_args(
+        q_shape=q.shape, q_dtype=q.dtype, k_shape=k_cache.shape, k_dtype=k_cache.dtype,
+        v_shape=None if v_cache is None else v_cache.shape, v_dtype=None if v_cache is None else v_cache.dtype,
+        page_table_shape=page_table.shape, page_table_dtype=page_table.dtype,
+        seq_lens_shape=seq_lens.shape, seq_lens_dtype=seq_lens.dtype,
+        head_dim_v=head_dim_v, sm_scale=sm_scale, logit_cap=logit_cap,
+        k_scale=k_scale, v_scale=v_scale, sinks=sinks, window_left=window_left,
+    )  # fmt: skip
     return make_launch_config(problem, device_info(device), check_num_kv_splits(num_kv_splits))
 
 
@@ -66,16 +77,16 @@ class _Spec(tuple):
         return self[1]
 
 
-def _plan(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits) -> LaunchConfig:
+def _plan(tensors: tuple, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits) -> LaunchConfig:
     """The launch config for these tensors; cached on shapes, dtypes and options.
 
-    Checks and config are pure functions of (shape, dtype, options, device), so an
-    eager call pays one dict lookup; torch.compile traces the uncached function.
+    ``tensors``: (q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks),
+    None where absent.  Checks and config are pure functions of (shape, dtype, options,
+    device), so an eager call pays one dict lookup; torch.compile traces the uncached
+    function.
     """
-    specs = [
-        None if t is None else _Spec((tuple(t.shape), t.dtype)) for t in (q, k_cache, v_cache, page_table, seq_lens)
-    ]
-    args = (*specs, head_dim_v, sm_scale, logit_cap, num_kv_splits, q.device)
+    specs = [None if t is None else _Spec((tuple(t.shape), t.dtype)) for t in tensors]
+    args = (*specs, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits, tensors[0].device)
     if torch.compiler.is_compiling():
         return _plan_uncached(*args)
     try:
@@ -105,63 +116,76 @@ def _decode_attention_op(
     out: torch.Tensor,
     lse: torch.Tensor,
     scratch: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    sinks: torch.Tensor | None,
     sm_scale: float,
     logit_cap: float,
     head_dim_v: int,
     v_from_k: bool,
+    window_left: int,
     num_kv_splits: int,
 ) -> None:
-    v_spec = None if v_from_k else v_cache
-    config = _plan(q, k_cache, v_spec, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits)
-    _launch(config, q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch)
+    v_cache_or_none, v_scale_or_none = (None, None) if v_from_k else (v_cache, v_scale)
+    tensors = (q, k_cache, v_cache_or_none, page_table, seq_lens, k_scale, v_scale_or_none, sinks)
+    config = _plan(tensors, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+    _launch(config, (q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks), out, lse, scratch)
 
 
-def _launch(config: LaunchConfig, q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch) -> None:
+def _launch(config: LaunchConfig, tensors: tuple, out, lse, scratch) -> None:
+    q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks = tensors
     mid_o, mid_lse = _split_scratch(scratch, config)
     launch_decode(
         config, q, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse, out, lse,
-        interpret=q.device.type == "cpu",
+        k_scale=k_scale, v_scale=v_scale, sinks=sinks, interpret=q.device.type == "cpu",
     )  # fmt: skip
 
 
-def _run_op(config: LaunchConfig, q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch) -> None:
+def _run_op(config: LaunchConfig, tensors: tuple, out, lse, scratch) -> None:
     """Through the custom op under torch.compile (opaque to it); directly otherwise.
 
-    The op's dispatch costs tens of microseconds per call, and eager callers (CUDA
-    graph capture included) do not need it.
+    ``tensors`` as for :func:`_launch` (v_cache is k_cache for MLA).  The op's dispatch
+    costs tens of microseconds per call, and eager callers (CUDA graph capture
+    included) do not need it.
     """
     if torch.compiler.is_compiling():
         p = config.problem
+        q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks = tensors
         torch.ops.jax_decode.decode_attention_(
-            q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch,
-            p.sm_scale, p.logit_cap, p.head_dim_v, p.v_from_k, config.num_kv_splits,
+            q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch, k_scale, v_scale, sinks,
+            p.sm_scale, p.logit_cap, p.head_dim_v, p.v_from_k, p.window_left, config.num_kv_splits,
         )  # fmt: skip
     else:
-        _launch(config, q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch)
+        _launch(config, tensors, out, lse, scratch)
 
 
 @_decode_attention_op.register_fake
-def _(q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch, sm_scale, logit_cap, head_dim_v, v_from_k,
-      num_kv_splits):  # fmt: skip
+def _(q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch, k_scale, v_scale, sinks, sm_scale, logit_cap,
+      head_dim_v, v_from_k, window_left, num_kv_splits):  # fmt: skip
     return None
 
 
-def _problem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap) -> DecodeProblem:
-    return check_decode_args(
-        q_shape=tuple(q.shape),
-        q_dtype=q.dtype,
-        k_shape=tuple(k_cache.shape),
-        k_dtype=k_cache.dtype,
-        v_shape=None if v_cache is None else tuple(v_cache.shape),
-        v_dtype=None if v_cache is None else v_cache.dtype,
-        page_table_shape=tuple(page_table.shape),
-        page_table_dtype=page_table.dtype,
-        seq_lens_shape=tuple(seq_lens.shape),
-        seq_lens_dtype=seq_lens.dtype,
-        head_dim_v=head_dim_v,
-        sm_scale=sm_scale,
-        logit_cap=logit_cap,
-    )
+_SCALARS: dict[tuple, torch.Tensor] = {}
+
+
+def _float_tensor(name: str, value, like: torch.Tensor) -> torch.Tensor | None:
+    """A scale or sinks operand as the kernels read it: float32, at least 1-D.
+
+    A Python number becomes a cached device tensor (made once per value and device,
+    so later calls do no host-to-device copy); float16/bfloat16 tensors are cast.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        key = (float(value), like.device)
+        if key not in _SCALARS:
+            _SCALARS[key] = torch.tensor([float(value)], dtype=torch.float32, device=like.device)
+        return _SCALARS[key]
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, a Python float or None, got {type(value).__name__}")
+    if value.dtype in (torch.float16, torch.bfloat16):
+        value = value.float()
+    return value.reshape(1) if value.dim() == 0 else value
 
 
 def _check_tensors(names: tuple[str, ...], tensors: tuple) -> None:
@@ -212,8 +236,8 @@ def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: Laun
     check_index_values(page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size)
 
 
-_DECODE_NAMES = ("q", "k_cache", "v_cache", "page_table", "seq_lens", "out")
-_FWD_NAMES = ("q", "k_buffer", "v_buffer", "o", "req_to_token", "b_seq_len", "attn_logits")
+_DECODE_NAMES = ("q", "k_cache", "v_cache", "page_table", "seq_lens", "k_scale", "v_scale", "sinks", "out")
+_FWD_NAMES = ("q", "k_buffer", "v_buffer", "req_to_token", "b_seq_len", "k_scale", "v_scale", "o", "attn_logits")
 
 
 def decode_attention(
@@ -228,6 +252,10 @@ def decode_attention(
     num_kv_splits: int | None = None,
     head_dim_v: int | None = None,
     return_lse: bool = False,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
+    sinks: torch.Tensor | None = None,
+    window_left: int | None = None,
     out: torch.Tensor | None = None,
     check_inputs: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -235,11 +263,16 @@ def decode_attention(
 
     ``out``, if given, is written in place (``[batch, num_heads, head_dim_v]``, q's
     dtype and device; strided rows are fine).  Returns ``out`` or ``(out, lse)``.
+    ``k_scale``/``v_scale`` (fp8 caches), ``sinks`` and ``window_left`` as in JAX;
+    scales and sinks in float32 cost nothing extra (16-bit ones are cast per call).
     ``check_inputs=True`` checks the values of ``page_table`` and ``seq_lens`` first
     and raises ValueError on a bad one (it copies them to the host: eager use only).
     """
-    _check_tensors(_DECODE_NAMES, (q, k_cache, v_cache, page_table, seq_lens, out))
-    config = _plan(q, k_cache, v_cache, page_table, seq_lens, head_dim_v, sm_scale, logit_cap, num_kv_splits)
+    k_scale, v_scale = _float_tensor("k_scale", k_scale, q), _float_tensor("v_scale", v_scale, q)
+    sinks = _float_tensor("sinks", sinks, q)
+    tensors = (q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
+    _check_tensors(_DECODE_NAMES, (*tensors, out))
+    config = _plan(tensors, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
     if check_inputs:
         _check_values(page_table, seq_lens, config)
     problem = config.problem
@@ -251,7 +284,8 @@ def decode_attention(
     lse = q.new_empty((problem.batch, problem.num_heads), dtype=torch.float32)
     scratch_size = (problem.head_dim_v + 1) * config.mid_lse_shape[0] * config.mid_lse_shape[1] * config.num_kv_splits
     scratch = q.new_empty((scratch_size,), dtype=torch.float32)
-    _run_op(config, q, k_cache, k_cache if v_cache is None else v_cache, page_table, seq_lens, out, lse, scratch)
+    v_or_latent = k_cache if v_cache is None else v_cache
+    _run_op(config, (q, k_cache, v_or_latent, page_table, seq_lens, k_scale, v_scale, sinks), out, lse, scratch)
     return (out, lse) if return_lse else out
 
 
@@ -268,9 +302,13 @@ def decode_attention_fwd(
     page_size: int = 1,
     logit_cap: float = 0.0,
     *,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
     check_inputs: bool = False,
 ) -> None:
     """Drop-in for vLLM 0.9's ``decode_attention_fwd``: writes ``o`` in place.
+
+    ``k_scale``/``v_scale`` (later vLLM versions pass them) dequantise fp8 buffers.
 
     ``k_buffer``/``v_buffer`` are ``[num_tokens, num_kv_heads, D]`` (page_size 1) or
     ``[num_pages, page_size, num_kv_heads, D]``; ``v_buffer`` may be a view such as
@@ -284,14 +322,19 @@ def decode_attention_fwd(
         k_buffer, v_buffer = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
     if k_buffer.dim() == 4 and k_buffer.shape[1] != page_size:
         raise ValueError(f"k_buffer page_size ({k_buffer.shape[1]}) must equal page_size ({page_size})")
-    _check_tensors(_FWD_NAMES, (q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits))
+    k_scale, v_scale = _float_tensor("k_scale", k_scale, q), _float_tensor("v_scale", v_scale, q)
+    _check_tensors(_FWD_NAMES, (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits))
     v_from_k = (
         v_buffer.data_ptr() == k_buffer.data_ptr()
         and v_buffer.stride() == k_buffer.stride()
         and v_buffer.shape[:-1] == k_buffer.shape[:-1]
+        and (v_scale is None or v_scale is k_scale)
     )
-    config = _plan(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len, v_buffer.shape[-1],
-                   sm_scale, logit_cap, num_kv_splits)  # fmt: skip
+    if v_from_k:
+        v_scale = None  # V is K's latent: K's scale
+    tensors = (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, None)
+    plan_tensors = (q, k_buffer, None, req_to_token, b_seq_len, k_scale, None, None) if v_from_k else tensors
+    config = _plan(plan_tensors, v_buffer.shape[-1], sm_scale, logit_cap, None, num_kv_splits)
     problem = config.problem
     expected = (problem.batch, problem.num_heads, num_kv_splits, problem.head_dim_v + 1)
     if tuple(attn_logits.shape) != expected or attn_logits.dtype != torch.float32:
@@ -304,7 +347,7 @@ def decode_attention_fwd(
                          f"got {o.dtype} of shape {tuple(o.shape)}")  # fmt: skip
     if check_inputs:
         _check_values(req_to_token, b_seq_len, config)
-    _run_op(config, q, k_buffer, v_buffer, req_to_token, b_seq_len, o, _lse_sink(q, config), attn_logits)
+    _run_op(config, tensors, o, _lse_sink(q, config), attn_logits)
 
 
 def merge_attention_states(
@@ -322,25 +365,32 @@ def write_kv(
     k_new: torch.Tensor,
     v_new: torch.Tensor | None,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> None:
     """``jax_decode.write_kv`` for torch tensors: writes the caches in place, same kernel.
 
     No host sync and no data-dependent allocation, so it can be captured in a CUDA graph.
     """
-    names = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping")
-    _check_tensors(names, (k_cache, v_cache, k_new, v_new, slot_mapping))
+    k_scale, v_scale = _float_tensor("k_scale", k_scale, k_new), _float_tensor("v_scale", v_scale, k_new)
+    names = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping", "k_scale", "v_scale")
+    _check_tensors(names, (k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale))
 
     def spec(t):
         return None if t is None else (tuple(t.shape), t.dtype)
 
-    num_tokens, num_slots = check_write_kv_args(
+    num_tokens, num_slots, k_mode, v_mode = check_write_kv_args(
         k_cache=spec(k_cache), v_cache=spec(v_cache), k_new=spec(k_new), v_new=spec(v_new),
-        slot_mapping=spec(slot_mapping),
+        slot_mapping=spec(slot_mapping), k_scale=spec(k_scale), v_scale=spec(v_scale),
     )  # fmt: skip
-    for cache, new in ((k_cache, k_new), (v_cache, v_new)):
+    for cache, new, scale, mode in ((k_cache, k_new, k_scale, k_mode), (v_cache, v_new, v_scale, v_mode)):
         if cache is None:
             continue
         launch = write_cache_launch(
-            num_tokens, cache.shape[2], cache.shape[3], cache.shape[1], new.stride()[:2], cache.stride()[:3]
+            num_tokens, cache.shape[2], cache.shape[3], cache.shape[1], new.stride()[:2], cache.stride()[:3],
+            dtype_name(cache.dtype), mode,
+        )  # fmt: skip
+        launch_write_cache(
+            launch, new, slot_mapping, num_slots, cache, scale=scale, interpret=cache.device.type == "cpu"
         )
-        launch_write_cache(launch, new, slot_mapping, num_slots, cache, interpret=cache.device.type == "cpu")

@@ -1,0 +1,13 @@
+"""Optional float operands (scales, sinks) as the JAX frontends take them."""
+
+from __future__ import annotations
+
+import numbers
+
+import jax.numpy as jnp
+
+
+def float_operand(x):
+    """A Python number becomes a float32 array (a scale of 1 must not be an int32 array);
+    arrays pass through unchanged, for the argument checks to judge."""
+    return jnp.asarray(x, jnp.float32) if isinstance(x, numbers.Real) and not isinstance(x, bool) else x
