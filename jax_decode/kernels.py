@@ -426,6 +426,31 @@ def _decode_stage2(
 
 
 @triton.jit
+def _fp8_bits(x, MAN_BITS: tl.constexpr, BIAS: tl.constexpr):
+    """Bits of float32 ``x`` (finite, within the format's range) rounded to nearest-even
+    in an fp8 format with MAN_BITS mantissa bits and exponent bias BIAS.
+
+    By integer arithmetic rather than ``x.to(float8)``, so that compiled kernels and
+    Triton's interpreter (whose float8 casts round wrongly) store the same bits.
+    """
+    SHIFT: tl.constexpr = 23 - MAN_BITS
+    bits = x.to(tl.uint32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    # Normal numbers: round the fp32 mantissa to MAN_BITS (ties to even), re-bias.
+    rounded = (magnitude + ((1 << (SHIFT - 1)) - 1) + ((magnitude >> SHIFT) & 1)) >> SHIFT
+    normal = rounded - ((127 - BIAS) << MAN_BITS)
+    # Subnormals: adding 2**(SHIFT + 1 - BIAS), whose fp32 ulp is the fp8 subnormal
+    # step 2**(1 - BIAS - MAN_BITS), makes the FPU round to that step (ties to even);
+    # the sum's low bits are then the fp8 subnormal's bits.
+    MAGIC_BITS: tl.constexpr = (127 - BIAS + SHIFT + 1) << 23
+    magic = tl.full(x.shape, MAGIC_BITS, tl.uint32).to(tl.float32, bitcast=True)
+    subnormal = (tl.abs(x) + magic).to(tl.uint32, bitcast=True) - MAGIC_BITS
+    MIN_NORMAL_BITS: tl.constexpr = (127 + 1 - BIAS) << 23
+    out = tl.where(magnitude < MIN_NORMAL_BITS, subnormal, normal) | ((bits >> 31) << 7)
+    return out.to(tl.uint8)
+
+
+@triton.jit
 def _write_cache(
     new_ptr,  # [num_tokens, num_kv_heads, head_dim]: this step's keys (or values)
     slots_ptr,  # int32 [num_tokens]: page * page_size + slot; outside [0, num_slots) skipped
@@ -442,12 +467,15 @@ def _write_cache(
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     SCALE: tl.constexpr,  # 0: none; 1: one per tensor; 2: one per KV head
-    SATURATE: tl.constexpr,  # > 0: clamp to +-SATURATE before the cast (fp8's largest finite)
+    SATURATE: tl.constexpr,  # an fp8 cache's largest finite value
+    FP8_MAN_BITS: tl.constexpr,  # > 0: the cache is fp8 with this many mantissa bits ...
+    FP8_BIAS: tl.constexpr,  # ... and this exponent bias
 ):
     """Scatter one token's row for one KV head into its cache slot (paged KV write).
 
     For an fp8 cache the row is quantised: divided by the scale and clamped to the
-    format's finite range (no inf or NaN from a large value), then rounded to nearest.
+    format's finite range (no inf or NaN from a large value), then rounded to nearest
+    even.
     """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -460,8 +488,9 @@ def _write_cache(
     row = tl.load(new_ptr + token * STRIDE_NT + head * STRIDE_NH + offs, mask=mask, other=0.0)
     if SCALE > 0:
         row = row.to(tl.float32) / _kv_scale(scale_ptr, head, SCALE)
-    if SATURATE > 0:
+    if FP8_MAN_BITS > 0:  # quantise: saturate to the finite range, round to nearest even
         row = tl.minimum(tl.maximum(row.to(tl.float32), -SATURATE), SATURATE)
+        row = _fp8_bits(row, FP8_MAN_BITS, FP8_BIAS).to(cache_ptr.dtype.element_ty, bitcast=True)
     dst = cache_ptr + (slot // PAGE_SIZE) * STRIDE_CP + (slot % PAGE_SIZE) * STRIDE_CS + head * STRIDE_CH
     tl.store(dst + offs, row.to(cache_ptr.dtype.element_ty), mask=mask & valid)
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_decode import kernels, triton_backend
-from jax_decode.launch import FP8_MAX, write_cache_launch
+from jax_decode.launch import FP8_MAX, check_cache_dtype_on_device, write_cache_launch
 from jax_decode.operands import float_operand
 from jax_decode.validation import check_write_kv_args
 
@@ -78,6 +78,7 @@ def _write_triton(cache, new, slots, scale, scale_mode: int, num_tokens: int, nu
     jt = triton_backend.import_jax_triton()
     launch = _launch(cache, num_tokens, scale_mode)
     device = triton_backend.target_device()
+    check_cache_dtype_on_device(jnp.dtype(cache.dtype).name, device)
     options = {} if device.compute_capability is None else {"compute_capability": device.compute_capability}
     return jt.triton_call(
         new, slots, slots if scale is None else scale, num_slots, cache,

@@ -38,6 +38,8 @@ MIN_DOT_DIM = 16
 SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_KV_HEAD = 0, 1, 2
 # Largest finite value of each fp8 cache format: quantised writes saturate there.
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+# (mantissa bits, exponent bias) of each fp8 cache format.
+FP8_FORMAT = {"float8_e4m3fn": (3, 7), "float8_e5m2": (2, 15)}
 
 
 def next_power_of_2(n: int) -> int:
@@ -310,6 +312,8 @@ def write_cache_launch(
         PAGE_SIZE=page_size,
         SCALE=scale,
         SATURATE=FP8_MAX.get(cache_dtype, 0.0),
+        FP8_MAN_BITS=FP8_FORMAT.get(cache_dtype, (0, 0))[0],
+        FP8_BIAS=FP8_FORMAT.get(cache_dtype, (0, 0))[1],
     )
     num_warps = 1 if block_d <= 128 else 2
     return KernelLaunch("write_cache", (num_tokens, num_kv_heads, 1), num_warps, 1, tuple(meta.items()))
@@ -374,9 +378,24 @@ def _grouped_blocks(p: DecodeProblem, device: DeviceInfo, block_dmodel: int, blo
     return block_n, stages
 
 
+def check_cache_dtype_on_device(cache_dtype: str, device: DeviceInfo | None) -> None:
+    """Triton has float8_e4m3fn ("fp8e4nv") only from sm_89 (Ada, Hopper) on."""
+    if (
+        cache_dtype == "float8_e4m3fn"
+        and device is not None
+        and device.vendor == "nvidia"
+        and (device.compute_capability or 0) < 89
+    ):
+        raise ValueError(
+            f"a float8_e4m3fn cache needs an NVIDIA GPU of compute capability >= 8.9, this one is "
+            f"sm_{device.compute_capability}; use float8_e5m2 there"
+        )
+
+
 def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None = None) -> LaunchConfig:
     """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one."""
     p = problem
+    check_cache_dtype_on_device(p.cache_dtype, device)
     if num_kv_splits is not None and not 1 <= num_kv_splits <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits ({num_kv_splits}) must be in [1, {MAX_KV_SPLITS}]")
     block_dmodel, block_dpe = split_head_dim(p.head_dim_qk)

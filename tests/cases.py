@@ -26,14 +26,23 @@ class Case:
     num_kv_splits: int | None = 2
     mla: bool = False
     seed: int = 0
+    kv_dtype: str | None = None  # an fp8 cache dtype
+    kv_scales: str = "none"  # "none", "tensor" or "head"
+    window_left: int | None = None
+    sinks: bool = False
 
     @property
     def id(self) -> str:
         kind = "mla" if self.mla else f"h{self.num_heads}kv{self.num_kv_heads}"
-        return (
+        id_ = (
             f"{kind}_d{self.head_dim_qk}_page{self.page_size}_{self.dtype}"
             f"_cap{self.logit_cap:g}_splits{self.num_kv_splits}"
         )
+        if self.kv_dtype:
+            id_ += f"_{self.kv_dtype.removeprefix('float8_')}_scale-{self.kv_scales}"
+        if self.window_left is not None:
+            id_ += f"_window{self.window_left}"
+        return id_ + ("_sinks" if self.sinks else "")
 
     def lengths(self) -> list[int]:
         # 0, 1, a multiple of every BLOCK_N (32 and 64 are both used), full capacity.
@@ -54,10 +63,23 @@ class Case:
             mla=self.mla,
             max_pages=self.max_pages,
             seed=self.seed,
+            kv_dtype=self.kv_dtype,
+            kv_scales=self.kv_scales,
+            sinks=self.sinks,
         )
 
     def options(self) -> dict:
-        return dict(logit_cap=self.logit_cap, num_kv_splits=self.num_kv_splits)
+        """Scalar options (array ones, scales and sinks, come with the problem)."""
+        options = dict(logit_cap=self.logit_cap, num_kv_splits=self.num_kv_splits)
+        if self.window_left is not None:
+            options["window_left"] = self.window_left
+        return options
+
+    def oracle_options(self) -> dict:
+        options = dict(logit_cap=self.logit_cap)
+        if self.window_left is not None:
+            options["window_left"] = self.window_left
+        return options
 
 
 MHA = Case()
@@ -103,3 +125,33 @@ def _matrix() -> list[Case]:
 
 
 MATRIX = _matrix()
+
+
+def _features() -> list[Case]:
+    """fp8 caches, sliding windows and sinks, alone and together, across head layouts."""
+    e4m3, e5m2 = "float8_e4m3fn", "float8_e5m2"
+    bf16 = dict(dtype="bfloat16")
+    cases = [
+        dataclasses.replace(GQA4, kv_dtype=e4m3, kv_scales="head", **bf16),
+        dataclasses.replace(GQA8, kv_dtype=e5m2, kv_scales="tensor", dtype="float16"),
+        dataclasses.replace(MHA, kv_dtype=e4m3, kv_scales="tensor", **bf16),
+        dataclasses.replace(MHA, kv_dtype=e5m2, kv_scales="none", dtype="float32"),
+        dataclasses.replace(MQA, kv_dtype=e4m3, kv_scales="head", dtype="float16"),
+        dataclasses.replace(MLA, kv_dtype=e4m3, kv_scales="tensor", **bf16),
+        dataclasses.replace(MHA, window_left=5, page_size=3, max_pages=14),
+        dataclasses.replace(GQA4, window_left=0),
+        dataclasses.replace(GQA8, window_left=40, num_kv_splits=None),
+        dataclasses.replace(MQA, window_left=20, num_kv_splits=5),
+        dataclasses.replace(MLA, window_left=17),
+        dataclasses.replace(MHA, sinks=True),
+        dataclasses.replace(GQA4, sinks=True, num_kv_splits=5),
+        dataclasses.replace(MLA, sinks=True, **bf16),
+        dataclasses.replace(
+            GQA4, kv_dtype=e4m3, kv_scales="head", window_left=20, sinks=True, logit_cap=5.0, num_kv_splits=None, **bf16
+        ),
+        dataclasses.replace(MHA, kv_dtype=e5m2, kv_scales="head", window_left=9, sinks=True, page_size=1, max_pages=40),
+    ]
+    return cases
+
+
+FEATURES = _features()

@@ -29,17 +29,21 @@ def run_jax(problem: PagedProblem, *, backend: str, mla: bool = False, jit: bool
     """decode_attention on the problem; returns NumPy (out float64, lse float64)."""
     head_dim_v = problem.head_dim_v if mla else None
 
-    def call(*arrays):
-        return jax_decode.decode_attention(*arrays, head_dim_v=head_dim_v, return_lse=True, backend=backend, **options)
+    def call(*arrays, **extras):
+        return jax_decode.decode_attention(
+            *arrays, head_dim_v=head_dim_v, return_lse=True, backend=backend, **extras, **options
+        )
 
+    extras = {name: jnp.asarray(x) for name, x in problem.extras.items()}
     fn = jax.jit(call) if jit else call
-    out, lse = fn(*device_arrays(problem))
+    out, lse = fn(*device_arrays(problem), **extras)
     return np.asarray(out.astype(jnp.float32), np.float64), np.asarray(lse, np.float64)
 
 
 def assert_matches_oracle(problem: PagedProblem, out, lse, *, mla: bool = False, **options) -> None:
+    """Compare with the oracle (the problem's scales and sinks included)."""
     expected_out, expected_lse = decode_attention_reference(
-        *problem.arrays, head_dim_v=problem.head_dim_v if mla else None, **options
+        *problem.arrays, head_dim_v=problem.head_dim_v if mla else None, **problem.extras, **options
     )
     dtype = problem.q.dtype.name
     np.testing.assert_allclose(out, expected_out, **OUT_TOL[dtype])

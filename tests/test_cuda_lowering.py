@@ -97,3 +97,68 @@ def test_vmap_lowers_to_one_launch_per_stage():
     with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
         text = jax.jit(jax.vmap(call)).trace(*stacked).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("triton_kernel_call") == 2  # the mapped axis joined the batch: no loop, no per-map launch
+
+
+FEATURE_VARIANTS = {
+    # name: (base variant, cache dtype, scale shape or None, window_left, sinks)
+    "gqa_e4m3_head_scales_window_sinks": ("gqa_bf16", jnp.float8_e4m3fn, (8,), 1023, True),
+    "mha_e5m2_tensor_scale": ("mha_f16", jnp.float8_e5m2, (), None, False),
+    "mqa_e4m3": ("mqa_d256", jnp.float8_e4m3fn, (1,), None, False),
+    "mla_e4m3_sinks": ("mla_576_512", jnp.float8_e4m3fn, (), None, True),
+    "gqa_window": ("gqa_f16_cap", None, None, 0, False),
+    "mha_sinks": ("mha_f32", None, None, None, True),
+}
+
+
+@pytest.mark.parametrize("name", list(FEATURE_VARIANTS))
+def test_feature_variant_compiles_for_sm90(name):
+    base, cache_dtype, scale_shape, window_left, sinks = FEATURE_VARIANTS[name]
+    num_heads, num_kv_heads, dqk, dv, page_size, dtype, mla, cap = VARIANTS[base]
+    q, k, v, pt, sl = _arrays(num_heads, num_kv_heads, dqk, dv, page_size, dtype, mla)
+    if cache_dtype is not None:
+        k = jax.ShapeDtypeStruct(k.shape, cache_dtype)
+        v = None if v is None else jax.ShapeDtypeStruct(v.shape, cache_dtype)
+    extras = {}
+    if scale_shape is not None:
+        extras["k_scale"] = jax.ShapeDtypeStruct(scale_shape, jnp.float32)
+        if not mla:
+            extras["v_scale"] = jax.ShapeDtypeStruct(scale_shape, jnp.float32)
+    if sinks:
+        extras["sinks"] = jax.ShapeDtypeStruct((num_heads,), jnp.float32)
+
+    def step(q, k, v, pt, sl, **extras):
+        return jax_decode.decode_attention(
+            q, k, v, pt, sl, head_dim_v=dv, logit_cap=cap, window_left=window_left, return_lse=True,
+            backend="triton", **extras,
+        )  # fmt: skip
+
+    with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
+        text = jax.jit(step).trace(q, k, v, pt, sl, **extras).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("triton_kernel_call") >= 2
+
+
+@pytest.mark.parametrize("cache_dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_fp8_write_kv_compiles_for_sm90(cache_dtype):
+    sds = jax.ShapeDtypeStruct
+    args = (sds((40, 16, 8, 128), cache_dtype), sds((40, 16, 8, 128), cache_dtype), sds((5, 8, 128), jnp.bfloat16),
+            sds((5, 8, 128), jnp.bfloat16), sds((5,), jnp.int32))  # fmt: skip
+    scales = dict(k_scale=sds((8,), jnp.float32), v_scale=sds((), jnp.float32))
+    step = jax.jit(lambda *a, **kw: jax_decode.write_kv(*a, backend="triton", **kw), donate_argnums=(0, 1))
+    with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
+        text = step.trace(*args, **scales).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("tf.aliasing_output") == 2
+
+
+def test_e4m3_cache_is_refused_before_sm89():
+    q, k, v, pt, sl = _arrays(32, 8, 128, 128, 16, jnp.bfloat16, False)
+    k = v = jax.ShapeDtypeStruct(k.shape, jnp.float8_e4m3fn)
+
+    def step(q, k, v, pt, sl):
+        return jax_decode.decode_attention(q, k, v, pt, sl, backend="triton")
+
+    with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 80, 108)):
+        with pytest.raises(ValueError, match=r"float8_e4m3fn cache needs .* compute capability >= 8.9.*sm_80"):
+            jax.jit(step).trace(q, k, v, pt, sl).lower(lowering_platforms=("cuda",))
+        # float8_e5m2 compiles there.
+        e5m2 = jax.ShapeDtypeStruct(k.shape, jnp.float8_e5m2)
+        jax.jit(step).trace(q, e5m2, e5m2, pt, sl).lower(lowering_platforms=("cuda",))

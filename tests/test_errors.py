@@ -205,3 +205,79 @@ def test_batch_beyond_the_grid_limit_is_refused():
             v_shape=None, v_dtype=None, page_table_shape=(70000, 2), page_table_dtype="int32",
             seq_lens_shape=(70000,), seq_lens_dtype="int32", head_dim_v=16, sm_scale=None, logit_cap=0.0,
         )  # fmt: skip
+
+
+F8 = jnp.float8_e4m3fn
+BAD_EXTRAS = [
+    ("q_fp8", dict(q=sds((B, H, D), F8)), TypeError, r"q dtype must be one of float16, bfloat16, float32, got float8"),
+    (
+        "k_int8",
+        dict(k_cache=sds((PAGES, PAGE, KV, D), jnp.int8)),
+        TypeError,
+        r"k_cache dtype must be one of float16, bfloat16, float32, got int8",
+    ),
+    (
+        "v_not_fp8_with_fp8_k",
+        dict(k_cache=sds((PAGES, PAGE, KV, D), F8)),
+        TypeError,
+        r"v_cache dtype \(float16\) must equal k_cache dtype \(float8_e4m3fn\)",
+    ),
+    (
+        "k_scale_shape",
+        dict(k_scale=sds((3,), jnp.float32)),
+        ValueError,
+        r"k_scale must have shape \(\) or \(1,\) \(per tensor\) or \(2,\) \(per KV head\), got \(3,\)",
+    ),
+    (
+        "v_scale_dtype",
+        dict(v_scale=sds((KV,), jnp.int32)),
+        TypeError,
+        r"v_scale dtype must be one of float16, bfloat16, float32, got int32",
+    ),
+    ("sinks_shape", dict(sinks=sds((KV,), jnp.float32)), ValueError, r"sinks must have shape \(num_heads,\) = \(8,\)"),
+    ("sinks_int", dict(sinks=sds((H,), jnp.int32)), TypeError, r"sinks dtype must be one of .* got int32"),
+]
+
+
+def trace_with(**replace):
+    """Trace with GOOD arrays, some replaced, and optional operands, all as jit arguments."""
+    arrays = {**GOOD, **{k: v for k, v in replace.items() if k in GOOD}}
+    extras = {k: v for k, v in replace.items() if k not in GOOD}
+
+    def fn(*a, **kw):
+        return jax_decode.decode_attention(*a, backend="xla", **kw)
+
+    return jax.jit(fn).trace(*arrays.values(), **extras)
+
+
+@pytest.mark.parametrize(("name", "arrays", "error", "match"), BAD_EXTRAS, ids=[b[0] for b in BAD_EXTRAS])
+def test_bad_fp8_scales_and_sinks(name, arrays, error, match):
+    with pytest.raises(error, match=match):
+        trace_with(**arrays)
+
+
+def test_fp8_caches_with_scales_and_sinks_trace():
+    fp8 = dict(k_cache=sds((PAGES, PAGE, KV, D), F8), v_cache=sds((PAGES, PAGE, KV, D), jnp.float8_e5m2))
+    with pytest.raises(TypeError, match=r"v_cache dtype \(float8_e5m2\) must equal k_cache dtype"):
+        trace_with(**fp8)
+    fp8["v_cache"] = sds((PAGES, PAGE, KV, D), F8)
+    trace_with(**fp8, k_scale=sds((), jnp.float32), v_scale=sds((KV,), jnp.bfloat16), sinks=sds((H,), jnp.float32))
+
+
+BAD_WINDOWS = [
+    ("window_negative", dict(window_left=-2), ValueError, r"window_left must be >= 0 \(or -1 / None for no window\)"),
+    ("window_float", dict(window_left=4.0), TypeError, r"window_left must be an int or None, got float"),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "error", "match"), BAD_WINDOWS, ids=[b[0] for b in BAD_WINDOWS])
+def test_bad_window(name, options, error, match):
+    fn = lambda *a: jax_decode.decode_attention(*a, backend="xla", **options)  # noqa: E731
+    with pytest.raises(error, match=match):
+        jax.jit(fn).trace(*GOOD.values())
+
+
+def test_mla_takes_no_v_scale():
+    fn = lambda q, k, pt, sl, s: jax_decode.decode_attention(q, k, None, pt, sl, head_dim_v=32, v_scale=s)  # noqa: E731
+    with pytest.raises(ValueError, match=r"v_scale must be None when v_cache is None"):
+        jax.jit(fn).trace(GOOD["q"], GOOD["k_cache"], GOOD["page_table"], GOOD["seq_lens"], sds((1,), jnp.float32))

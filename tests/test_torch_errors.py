@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 import torch
-from test_errors import BAD_ARRAYS, BAD_OPTIONS, GOOD
+from test_errors import BAD_ARRAYS, BAD_EXTRAS, BAD_OPTIONS, BAD_WINDOWS, GOOD
 
 import torch_bridge
 
@@ -16,6 +16,9 @@ TORCH_DTYPES = {
     jnp.dtype(jnp.int32): torch.int32,
     jnp.dtype(jnp.int16): torch.int16,
     jnp.dtype(jnp.complex64): torch.complex64,
+    jnp.dtype(jnp.int8): torch.int8,
+    jnp.dtype(jnp.float8_e4m3fn): torch.float8_e4m3fn,
+    jnp.dtype(jnp.float8_e5m2): torch.float8_e5m2,
 }
 
 
@@ -96,3 +99,20 @@ def test_fwd_attn_logits_shape():
     args[6] = torch.zeros(2, 8, 4, 64)
     with pytest.raises(ValueError, match=r"attn_logits must be float32 of shape \(2, 8, 4, 65\)"):
         torch_bridge.decode_attention_fwd(*args, page_size=4)
+
+
+@pytest.mark.parametrize(("name", "arrays", "error", "match"), BAD_EXTRAS, ids=[b[0] for b in BAD_EXTRAS])
+def test_same_fp8_scale_and_sink_messages_as_jax(name, arrays, error, match):
+    with pytest.raises(error, match=match):
+        torch_bridge.decode_attention(**tensors(**arrays))
+
+
+@pytest.mark.parametrize(("name", "options", "error", "match"), BAD_WINDOWS, ids=[b[0] for b in BAD_WINDOWS])
+def test_same_window_messages_as_jax(name, options, error, match):
+    with pytest.raises(error, match=match):
+        torch_bridge.decode_attention(**tensors(), **options)
+
+
+def test_scale_of_wrong_type():
+    with pytest.raises(TypeError, match=r"k_scale must be a torch.Tensor, a Python float or None, got str"):
+        torch_bridge.decode_attention(**tensors(), k_scale="1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -101,3 +102,67 @@ def test_write_kv_errors():
         jax_decode.write_kv(jnp.asarray(k), None, jnp.asarray(k_new[:5]), None, jnp.asarray(slots))
     with pytest.raises(ValueError, match=r"k_new shape \(6, 2, 8\) must be \[num_tokens, num_kv_heads, head_dim\]"):
         torch_bridge.write_kv(torch.from_numpy(k), None, torch.zeros(6, 2, 8), None, torch.from_numpy(slots))
+
+
+def _quantised_expected(cache, new, slots, scale):
+    """The documented rule: new / scale (per tensor or per KV head), clamped to the
+    format's finite range, rounded to nearest (ml_dtypes' cast)."""
+    limit = float(ml_dtypes.finfo(cache.dtype).max)
+    scaled = new.astype(np.float32) / np.asarray(scale, np.float32).reshape(-1)[:, None]
+    return _expected(cache, np.clip(scaled, -limit, limit).astype(cache.dtype), slots)
+
+
+FP8_WRITES = [("float8_e4m3fn", "head"), ("float8_e5m2", "tensor"), ("float8_e4m3fn", "none")]
+
+
+def _fp8_problem(cache_dtype, scales, mla=False):
+    k, v, k_new, v_new, slots = _problem("bfloat16", mla)
+    k_new[0, 0, :4] = [1e6, -1e6, 3.0, -0.0]  # saturate, not inf / NaN
+    k, v = (None if c is None else c.astype(np.float32).astype(NUMPY_DTYPES[cache_dtype]) for c in (k, v))
+    shape = {"head": (2,), "tensor": (), "none": None}[scales]
+    k_scale = None if shape is None else np.full(shape, 0.25, np.float32)
+    v_scale = None if shape is None or mla else np.linspace(0.5, 2.0, 2 if shape else 1).astype(np.float32)
+    return k, v, k_new, v_new, slots, k_scale, v_scale
+
+
+@pytest.mark.parametrize("backend", ["xla", kernel_param])
+@pytest.mark.parametrize(("cache_dtype", "scales"), FP8_WRITES, ids=[f"{d}-{s}" for d, s in FP8_WRITES])
+@pytest.mark.parametrize("mla", [False, True], ids=["kv", "mla"])
+def test_write_kv_quantises_into_fp8(backend, cache_dtype, scales, mla):
+    k, v, k_new, v_new, slots, k_scale, v_scale = _fp8_problem(cache_dtype, scales, mla)
+    extras = {name: jnp.asarray(x) for name, x in dict(k_scale=k_scale, v_scale=v_scale).items() if x is not None}
+    step = jax.jit(lambda *a, **kw: jax_decode.write_kv(*a, backend=backend, **kw), donate_argnums=(0, 1))
+    arrays = [None if x is None else jnp.asarray(x) for x in (k, v, k_new, v_new, slots)]
+    k_out, v_out = step(*arrays, **extras)
+    expected_k = _quantised_expected(k, k_new, slots, 1.0 if k_scale is None else k_scale)
+    np.testing.assert_array_equal(np.asarray(k_out).view(np.uint8), expected_k.view(np.uint8))
+    assert np.isfinite(np.asarray(k_out).astype(np.float32)).all()
+    if not mla:
+        expected_v = _quantised_expected(v, v_new, slots, 1.0 if v_scale is None else v_scale)
+        np.testing.assert_array_equal(np.asarray(v_out).view(np.uint8), expected_v.view(np.uint8))
+
+
+@pytest.mark.parametrize(("cache_dtype", "scales"), FP8_WRITES, ids=[f"{d}-{s}" for d, s in FP8_WRITES])
+def test_write_kv_fp8_torch_matches_jax(cache_dtype, scales):
+    k, v, k_new, v_new, slots, k_scale, v_scale = _fp8_problem(cache_dtype, scales)
+    tk, tv = to_tensor(k, DEVICE), to_tensor(v, DEVICE)
+    extras = {name: to_tensor(x, DEVICE) for name, x in dict(k_scale=k_scale, v_scale=v_scale).items() if x is not None}
+    torch_bridge.write_kv(
+        tk, tv, to_tensor(k_new, DEVICE), to_tensor(v_new, DEVICE), to_tensor(slots, DEVICE), **extras
+    )
+    k_out, v_out = jax_decode.write_kv(
+        *(jnp.asarray(x) for x in (k, v, k_new, v_new, slots)),
+        **{name: jnp.asarray(x) for name, x in dict(k_scale=k_scale, v_scale=v_scale).items() if x is not None},
+        backend=KERNEL_BACKEND,
+    )
+    np.testing.assert_array_equal(tk.view(torch.uint8).cpu().numpy(), np.asarray(k_out).view(np.uint8))
+    np.testing.assert_array_equal(tv.view(torch.uint8).cpu().numpy(), np.asarray(v_out).view(np.uint8))
+
+
+def test_write_kv_scale_errors():
+    k, v, k_new, v_new, slots, _, _ = _fp8_problem("float8_e4m3fn", "none")
+    args = [jnp.asarray(x) for x in (k, v, k_new, v_new, slots)]
+    with pytest.raises(ValueError, match=r"k_scale must have shape \(\) or \(1,\) .* or \(2,\)"):
+        jax_decode.write_kv(*args, k_scale=jnp.ones(3))
+    with pytest.raises(ValueError, match=r"v_scale must be None when v_cache is None"):
+        jax_decode.write_kv(args[0], None, args[2], None, args[4], v_scale=1.0)

@@ -10,8 +10,9 @@ def to_tensor(array, device="cpu"):
     if array is None:
         return None
     array = np.ascontiguousarray(array)
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16).to(device)
+    bits = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}.get(array.dtype.name)
+    if bits is not None:  # ml_dtypes types torch.from_numpy does not know
+        return torch.from_numpy(array.view(bits).copy()).view(getattr(torch, array.dtype.name)).to(device)
     return torch.from_numpy(array.copy()).to(device)
 
 

@@ -18,7 +18,13 @@ import functools
 
 import torch
 
-from jax_decode.launch import DeviceInfo, LaunchConfig, make_launch_config, write_cache_launch
+from jax_decode.launch import (
+    DeviceInfo,
+    LaunchConfig,
+    check_cache_dtype_on_device,
+    make_launch_config,
+    write_cache_launch,
+)
 from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.torch_launch import launch_decode, launch_write_cache
 from jax_decode.validation import (
@@ -387,6 +393,7 @@ def write_kv(
     for cache, new, scale, mode in ((k_cache, k_new, k_scale, k_mode), (v_cache, v_new, v_scale, v_mode)):
         if cache is None:
             continue
+        check_cache_dtype_on_device(dtype_name(cache.dtype), device_info(cache.device))
         launch = write_cache_launch(
             num_tokens, cache.shape[2], cache.shape[3], cache.shape[1], new.stride()[:2], cache.stride()[:3],
             dtype_name(cache.dtype), mode,

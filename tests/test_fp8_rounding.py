@@ -1,0 +1,57 @@
+"""The fp8 quantisation of write_kv rounds exactly as ml_dtypes does (nearest even,
+saturating), compiled on a GPU and in Triton's interpreter alike."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import HAS_GPU
+
+from jax_decode.kernels import _fp8_bits
+from jax_decode.launch import FP8_FORMAT, FP8_MAX
+
+
+@triton.jit
+def _quantise(x_ptr, y_ptr, N: tl.constexpr, MAN: tl.constexpr, BIAS: tl.constexpr, LIMIT: tl.constexpr):
+    offs = tl.program_id(0) * N + tl.arange(0, N)
+    x = tl.minimum(tl.maximum(tl.load(x_ptr + offs), -LIMIT), LIMIT)
+    tl.store(y_ptr + offs, _fp8_bits(x, MAN, BIAS))
+
+
+def _values() -> np.ndarray:
+    """Every finite float16 (all fp8 values, every halfway point between them) and
+    random float32 over many magnitudes, saturating ones included."""
+    rng = np.random.default_rng(0)
+    halves = np.arange(2**16, dtype=np.uint16).view(np.float16)
+    halves = halves[np.isfinite(halves)].astype(np.float32)
+    wide = rng.standard_normal(30000).astype(np.float32) * (10.0 ** rng.uniform(-5, 6, 30000)).astype(np.float32)
+    values = np.concatenate([halves, wide, np.float32([np.inf, -np.inf, 0.0, -0.0])])
+    padded = np.zeros(-(-len(values) // 1024) * 1024, np.float32)
+    padded[: len(values)] = values
+    return padded
+
+
+@pytest.mark.parametrize("fmt", sorted(FP8_FORMAT))
+def test_fp8_rounding_matches_ml_dtypes(fmt):
+    x = _values()
+    man, bias = FP8_FORMAT[fmt]
+    limit = FP8_MAX[fmt]
+    device = "cuda" if HAS_GPU else "cpu"
+    x_t = torch.from_numpy(x).to(device)
+    y_t = torch.empty(x.shape, dtype=torch.uint8, device=device)
+    grid = (len(x) // 1024,)
+    if HAS_GPU:
+        _quantise[grid](x_t, y_t, N=1024, MAN=man, BIAS=bias, LIMIT=limit)
+    else:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        from jax_decode.torch_launch import _interpreting
+
+        with _interpreting():
+            InterpretedFunction(_quantise.fn)[grid](x_t, y_t, N=1024, MAN=man, BIAS=bias, LIMIT=limit)
+    expected = np.clip(x, -limit, limit).astype(getattr(ml_dtypes, fmt)).view(np.uint8)
+    np.testing.assert_array_equal(y_t.cpu().numpy(), expected)
