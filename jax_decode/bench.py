@@ -55,31 +55,50 @@ class BenchShape:
     page_size: int
     mla: bool
     dtype: str = "bfloat16"
+    kv_dtype: str | None = None  # an fp8 cache (with per-KV-head scales)
+    window_left: int | None = None
+    feature: bool = False  # a feature row: reported, but outside the core suite's geomean
 
     @property
     def label(self) -> str:
-        return self.name if self.dtype == "bfloat16" else f"{self.name} {self.dtype}"
+        label = self.name if self.dtype == "bfloat16" else f"{self.name} {self.dtype}"
+        if self.kv_dtype:
+            label += f" kv-{self.kv_dtype.removeprefix('float8_')}"
+        return label if self.window_left is None else f"{label} window{self.window_left}"
+
+    @property
+    def attended(self) -> int:
+        """Tokens each row attends to (and the kernels read): the context or the window."""
+        return self.context if self.window_left is None else min(self.context, self.window_left + 1)
 
     def kv_bytes(self) -> int:
         width = self.head_dim_qk if self.mla else self.head_dim_qk + self.head_dim_v
-        itemsize = 4 if self.dtype == "float32" else 2
-        return self.batch * self.context * self.num_kv_heads * width * itemsize
+        itemsize = {"float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}.get(self.kv_dtype or self.dtype, 2)
+        return self.batch * self.attended * self.num_kv_heads * width * itemsize
 
 
 def default_suite() -> list[BenchShape]:
-    """The seed's six shapes (bf16), plus the first one in float16 and with page_size 1."""
+    """The seed's six shapes (bf16), plus the first one in float16 and with page_size 1;
+    then feature rows: fp8 caches, and a long context read through a short window."""
     suite = [BenchShape(name, *dims) for name, dims in SEED_SHAPES.items()]
-    first = suite[0]
+    first, big = suite[0], suite[1]
     suite.append(dataclasses.replace(first, dtype="float16"))
     suite.append(dataclasses.replace(first, name=f"{first.name} page1", page_size=1))
+    for shape in (first, big):
+        suite.append(dataclasses.replace(shape, kv_dtype="float8_e4m3fn", feature=True))
+    long = dataclasses.replace(first, name="GQA 32/8 d128 b32 ctx32768", context=32768)
+    suite.append(dataclasses.replace(long, window_left=4095, feature=True))
     return suite
 
 
 def summarize(rows: list[dict], ceiling_tbps: float) -> dict:
-    """Geometric mean of % of the ceiling per implementation (over shapes it ran)."""
+    """Geometric mean of % of the ceiling per implementation, over the core suite's
+    shapes it ran (feature rows excluded: they are not every implementation's)."""
     summary = {}
     for impl in IMPLEMENTATIONS:
-        values = [r["tbps"] / ceiling_tbps for r in rows if r["impl"] == impl and r.get("tbps")]
+        values = [
+            r["tbps"] / ceiling_tbps for r in rows if r["impl"] == impl and r.get("tbps") and not r.get("feature")
+        ]
         if values:
             summary[impl] = dict(
                 shapes=len(values), geomean_pct=100 * math.exp(sum(map(math.log, values)) / len(values))
@@ -108,18 +127,23 @@ def _inputs(shape: BenchShape, copies: int, seed: int):
     import torch
 
     dt = getattr(torch, shape.dtype)
+    cache_dt = getattr(torch, shape.kv_dtype or shape.dtype)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     max_pages = -(-shape.context // shape.page_size)
     num_pages = shape.batch * max_pages
     sets = []
     for _ in range(copies):
 
-        def randn(*dims):
-            return torch.randn(*dims, device="cuda", dtype=torch.float32, generator=gen).to(dt)
+        def randn(*dims, dtype=dt):
+            return torch.randn(*dims, device="cuda", dtype=torch.float32, generator=gen).to(dtype)
 
         q = randn(shape.batch, shape.num_heads, shape.head_dim_qk)
-        k = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim_qk)
-        v = None if shape.mla else randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim_v)
+        k = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim_qk, dtype=cache_dt)
+        v = (
+            None
+            if shape.mla
+            else randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim_v, dtype=cache_dt)
+        )
         order = torch.randperm(num_pages, device="cuda", generator=gen).to(torch.int32)
         pt = order.reshape(shape.batch, max_pages)
         sl = torch.full((shape.batch,), shape.context, device="cuda", dtype=torch.int32)
@@ -127,18 +151,37 @@ def _inputs(shape: BenchShape, copies: int, seed: int):
     return sets
 
 
+def _extras(shape: BenchShape) -> dict:
+    """Keyword options of our implementations: per-KV-head scales for an fp8 cache, the window."""
+    import torch
+
+    extras = {}
+    if shape.kv_dtype:
+        scales = torch.linspace(0.5, 1.0, shape.num_kv_heads, device="cuda")
+        extras.update(k_scale=scales, v_scale=None if shape.mla else scales.flip(0).contiguous())
+    if shape.window_left is not None:
+        extras["window_left"] = shape.window_left
+    return {name: x for name, x in extras.items() if x is not None}
+
+
 def _reference_rows(shape: BenchShape, q, k, v, pt, sl, rows: int):
     """float32 dense attention of the first ``rows`` rows, gathered through the page table."""
     import torch
 
     out = []
+    extras = _extras(shape)
+    k_scale = extras.get("k_scale")
+    v_scale = k_scale if v is None else extras.get("v_scale")
     v_cache = k[..., : shape.head_dim_v] if v is None else v
     group = shape.num_heads // shape.num_kv_heads
     for b in range(rows):
         n = int(sl[b])
+        first = 0 if shape.window_left is None else max(n - 1 - shape.window_left, 0)
         pages = pt[b, : -(-n // shape.page_size)].long()
-        keys = k[pages].reshape(-1, shape.num_kv_heads, shape.head_dim_qk)[:n].float()
-        values = v_cache[pages].reshape(-1, shape.num_kv_heads, shape.head_dim_v)[:n].float()
+        keys = k[pages].reshape(-1, shape.num_kv_heads, shape.head_dim_qk)[first:n].float()
+        values = v_cache[pages].reshape(-1, shape.num_kv_heads, shape.head_dim_v)[first:n].float()
+        if k_scale is not None:
+            keys, values = keys * k_scale[:, None], values * v_scale[:, None]
         keys = keys.repeat_interleave(group, dim=1)  # [n, heads, d]
         values = values.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[b].float(), keys) * shape.head_dim_qk**-0.5
@@ -220,11 +263,18 @@ def _implementations(shape: BenchShape, wanted: tuple[str, ...]):
     import torch_bridge
 
     head_dim_v = shape.head_dim_v if shape.mla else None
+    extras = _extras(shape)
+    window = extras.pop("window_left", None)
+    jax_extras = {name: torch_bridge.to_jax(x) for name, x in extras.items()}
     impls = {}
     if "jax_decode" in wanted or "xla" in wanted:
 
         def jitted(backend):
-            return jax.jit(lambda *a: jax_decode.decode_attention(*a, head_dim_v=head_dim_v, backend=backend))
+            return jax.jit(
+                lambda *a: jax_decode.decode_attention(
+                    *a, head_dim_v=head_dim_v, window_left=window, backend=backend, **jax_extras
+                )
+            )
 
         for name, backend in (("jax_decode", "triton"), ("xla", "xla")):
             if name in wanted:
@@ -236,13 +286,17 @@ def _implementations(shape: BenchShape, wanted: tuple[str, ...]):
 
         def run_bridge(s, out=out):
             q, k, v, pt, sl = s
-            return torch_bridge.decode_attention(q, k, v, pt, sl, head_dim_v=head_dim_v, out=out)
+            return torch_bridge.decode_attention(
+                q, k, v, pt, sl, head_dim_v=head_dim_v, window_left=window, out=out, **extras
+            )
 
         impls["torch_bridge"] = ("torch", run_bridge)
-    if "pallas" in wanted:
-        impls["pallas"] = _pallas(shape)
-    if "vllm" in wanted:
-        impls["vllm"] = _vllm(shape)
+    others = {"pallas": _pallas, "vllm": _vllm}
+    for name in (n for n in others if n in wanted):
+        if shape.kv_dtype or shape.window_left is not None:
+            impls[name] = ("skip", "no fp8 cache / sliding window in this implementation")
+        else:
+            impls[name] = others[name](shape)
     return impls
 
 
@@ -288,7 +342,7 @@ def bench_shape(shape: BenchShape, wanted: tuple[str, ...], ceiling: float, devi
     rows = []
 
     def record(impl, ms=None, out=None, note=""):
-        row = dict(shape=shape.label, impl=impl, kv_bytes=shape.kv_bytes(), ms=ms, note=note)
+        row = dict(shape=shape.label, impl=impl, kv_bytes=shape.kv_bytes(), ms=ms, note=note, feature=shape.feature)
         if out is not None:
             got = out[: expected.shape[0]].float()
             row["max_error"] = float((got - expected).abs().max())
@@ -439,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in suite:
         rows += bench_shape(shape, wanted, ceiling, args.device_time)
     summary = summarize(rows, ceiling)
-    print("\ngeometric mean of % of copy bandwidth:")
+    print("\ngeometric mean of % of copy bandwidth (core suite; feature rows excluded):")
     for impl, s in summary.items():
         print(f"  {impl:<13} {s['geomean_pct']:5.1f}% over {s['shapes']} shapes")
     os.makedirs(args.out, exist_ok=True)

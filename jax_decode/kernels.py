@@ -25,6 +25,15 @@ Safety rules every stage-1 kernel follows:
 * a split (or row) with no valid token stores a zero output and LSE ``-inf``; stage 2
   turns an all-empty row into zeros, never ``0/0``.
 
+Features, all constexpr-selected so a plain call compiles to the plain kernel:
+
+* fp8 caches: tiles are widened to q's dtype (exact) and dequantised through the
+  scores (``K_SCALE``) and the finished output (``V_SCALE``), never per element.
+  (Triton's interpreter flushes float8_e5m2 subnormals when widening to float16; a
+  compiled kernel does not.)
+* sliding window (``WINDOW_LEFT``): the splits share only the window's tokens.
+* sinks (``HAS_SINKS``): stage 2 adds them to each head's denominator.
+
 Parameter order: input pointers, runtime scalars, output pointers, then constexprs
 (jax_triton appends output pointers after the inputs; torch passes preallocated
 outputs in the same slots).  Strides are constexprs: they are fixed by shapes in both

@@ -8,13 +8,18 @@ import sys
 from jax_decode import bench
 
 
-def test_default_suite_is_the_seed_shapes_plus_fp16_and_page1():
+def test_default_suite_is_the_seed_shapes_plus_fp16_and_page1_then_features():
     suite = bench.default_suite()
     labels = [s.label for s in suite]
-    assert len(suite) == 8 and len(set(labels)) == 8
+    core = [s for s in suite if not s.feature]
+    assert len(core) == 8 and len(set(labels)) == len(suite)
     assert labels[6].endswith("float16") and labels[7].endswith("page1")
     mla = next(s for s in suite if s.mla)
     assert mla.kv_bytes() == 64 * 4096 * 1 * 576 * 2  # the latent is counted once
+    fp8 = next(s for s in suite if s.kv_dtype)
+    assert fp8.kv_bytes() == suite[0].kv_bytes() // 2  # one byte per element
+    window = next(s for s in suite if s.window_left is not None)
+    assert window.context == 32768 and window.kv_bytes() == suite[0].kv_bytes()  # only the window is read
 
 
 def test_summary_is_a_geometric_mean_of_percentages():
@@ -22,6 +27,7 @@ def test_summary_is_a_geometric_mean_of_percentages():
         dict(shape="a", impl="jax_decode", tbps=2.0),
         dict(shape="b", impl="jax_decode", tbps=8.0),
         dict(shape="a", impl="pallas", ms=None, note="skipped"),
+        dict(shape="c", impl="jax_decode", tbps=0.1, feature=True),  # not in the core geomean
     ]
     summary = bench.summarize(rows, ceiling_tbps=4.0)
     assert summary == {"jax_decode": {"shapes": 2, "geomean_pct": 100.0}}
@@ -32,6 +38,7 @@ def test_summary_is_a_geometric_mean_of_percentages():
 def test_cli_lists_shapes_and_refuses_to_time_without_a_gpu():
     listed = subprocess.run([sys.executable, "-m", "jax_decode.bench", "--list", "--dtypes", "float16"],
                             capture_output=True, text=True, check=True)  # fmt: skip
-    assert listed.stdout.count("float16") == 7  # page1 and the fp16 copy of the first shape coincide
+    # Every row re-run in float16, the first shape's float16 row coinciding with itself.
+    assert listed.stdout.count("float16") == len(bench.default_suite()) - 1
     bad = subprocess.run([sys.executable, "-m", "jax_decode.bench", "--impls", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown implementations" in bad.stderr

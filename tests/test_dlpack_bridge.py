@@ -15,7 +15,7 @@ import jax_decode
 import torch_bridge
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int32]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 def _pointer(array: jax.Array) -> int:
@@ -31,14 +31,17 @@ def test_to_jax_is_zero_copy(dtype):
     np.testing.assert_array_equal(np.asarray(array.astype(jnp.float32)), tensor.float().cpu().numpy())
 
 
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32, jnp.int32], ids=lambda d: d.__name__)
+JAX_DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32, jnp.int32, jnp.float8_e4m3fn, jnp.float8_e5m2]
+
+
+@pytest.mark.parametrize("dtype", JAX_DTYPES, ids=lambda d: d.__name__)
 def test_to_torch_is_zero_copy_and_round_trips(dtype):
     array = jax.device_put((jnp.arange(24) * 3).astype(dtype).reshape(4, 6), jax.devices()[0])
     tensor = torch_bridge.to_torch(array)
     assert tensor.data_ptr() == _pointer(array)
     back = torch_bridge.to_jax(tensor)
     assert _pointer(back) == _pointer(array) and back.dtype == array.dtype
-    np.testing.assert_array_equal(np.asarray(back), np.asarray(array))
+    np.testing.assert_array_equal(np.asarray(back.astype(jnp.float32)), np.asarray(array.astype(jnp.float32)))
 
 
 def test_non_contiguous_needs_copy():

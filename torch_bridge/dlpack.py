@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
+# What the kernels take (fp8: caches); every one crosses without a copy.
+SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def to_jax(tensor: torch.Tensor, *, copy: bool = False) -> jax.Array:
