@@ -8,9 +8,9 @@ writes every measurement to a JSON file for offline fitting.  Not a user benchma
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
-import sys
 import time
 
 import torch
@@ -32,18 +32,21 @@ KERNEL_OPTIONS = {
     "mha": [(32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (32, 2, 3), (16, 2, 4)],
     "grouped": [(32, 4, 2), (64, 4, 2), (32, 4, 3), (64, 8, 2), (16, 4, 3), (16, 2, 4), (32, 2, 2), (64, 4, 3)],
 }
+# fp8 caches: twice the tokens per byte, so larger tiles and deeper pipelines are worth trying.
+FP8_OPTIONS = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (64, 8, 3)]
 
 
-def make_inputs(dims, dt=torch.bfloat16):
+def make_inputs(dims, dt=torch.bfloat16, kv_dtype=None):
     batch, heads, kv_heads, dqk, dv, ctx, page, mla = dims
     max_pages = ctx // page
     num_pages = batch * max_pages
+    cache_dt = kv_dtype or dt
     q = torch.randn(batch, heads, dqk, device="cuda", dtype=dt)
-    k = torch.randn(num_pages, page, kv_heads, dqk, device="cuda", dtype=dt)
-    v = None if mla else torch.randn(num_pages, page, kv_heads, dv, device="cuda", dtype=dt)
+    k = torch.randn(num_pages, page, kv_heads, dqk, device="cuda").to(cache_dt)
+    v = None if mla else torch.randn(num_pages, page, kv_heads, dv, device="cuda").to(cache_dt)
     pt = torch.randperm(num_pages, device="cuda", dtype=torch.int32).reshape(batch, max_pages)
     sl = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
-    kv_bytes = batch * ctx * kv_heads * (dqk if mla else dqk + dv) * 2
+    kv_bytes = batch * ctx * kv_heads * (dqk if mla else dqk + dv) * k.element_size()
     return q, k, v, pt, sl, kv_bytes
 
 
@@ -54,24 +57,41 @@ def time_config(cfg, q, k, v, pt, sl) -> float:
     mid_o = torch.empty(cfg.mid_o_shape, device="cuda", dtype=torch.float32)
     mid_lse = torch.empty(cfg.mid_lse_shape, device="cuda", dtype=torch.float32)
     vv = k if v is None else v
+    scale = None
+    if cfg.problem.k_scale:
+        scale = torch.full((cfg.problem.num_kv_heads,), 0.5, device="cuda")
     return triton.testing.do_bench(
-        lambda: launch_decode(cfg, q, k, vv, pt, sl, mid_o, mid_lse, out, lse, interpret=False), warmup=10, rep=40
-    )
+        lambda: launch_decode(
+            cfg, q, k, vv, pt, sl, mid_o, mid_lse, out, lse, k_scale=scale,
+            v_scale=None if v is None else scale, interpret=False,
+        ),
+        warmup=10, rep=40,
+    )  # fmt: skip
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="JSON file for every measurement")
+    parser.add_argument("budget_s", nargs="?", type=float, default=400)
+    parser.add_argument("--kv-dtype", choices=["float8_e4m3fn", "float8_e5m2"], help="an fp8 cache (scaled per head)")
+    parser.add_argument("--shapes", nargs="*", help="substrings of shape names (default: all)")
+    args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     device = DeviceInfo("nvidia", props.major * 10 + props.minor, props.multi_processor_count)
-    budget_s = float(sys.argv[2]) if len(sys.argv) > 2 else 400
+    kv_dtype = getattr(torch, args.kv_dtype) if args.kv_dtype else None
     started = time.time()
     results = []
-    for name, dims in {**SEED_SHAPES, **EXTRA_SHAPES}.items():
-        q, k, v, pt, sl, kv_bytes = make_inputs(dims)
+    shapes = {**SEED_SHAPES, **EXTRA_SHAPES}
+    shapes = {n: d for n, d in shapes.items() if not args.shapes or any(sub in n for sub in args.shapes)}
+    for name, dims in shapes.items():
+        q, k, v, pt, sl, kv_bytes = make_inputs(dims, kv_dtype=kv_dtype)
+        scale_spec = ((dims[2],), torch.float32) if kv_dtype else None
         problem = check_decode_args(
             q_shape=q.shape, q_dtype=q.dtype, k_shape=k.shape, k_dtype=k.dtype,
             v_shape=None if v is None else v.shape, v_dtype=None if v is None else v.dtype,
             page_table_shape=pt.shape, page_table_dtype=pt.dtype, seq_lens_shape=sl.shape,
             seq_lens_dtype=sl.dtype, head_dim_v=dims[4], sm_scale=dims[3] ** -0.5, logit_cap=0.0,
+            k_scale=scale_spec, v_scale=None if v is None else scale_spec,
         )  # fmt: skip
         base = make_launch_config(problem, device)
         rows = {}
@@ -94,8 +114,9 @@ def main() -> None:
         splits_ms = {s: measure(dataclasses.replace(base, num_kv_splits=s)) for s in (1, 2, 4, 8, 16, 32, 64, 128)}
         best_splits = min(splits_ms, key=splits_ms.get)
         for splits in {max(1, best_splits // 2), best_splits, min(128, best_splits * 2)}:
-            for block_n, warps, stages in KERNEL_OPTIONS[base.variant]:
-                if time.time() - started > budget_s:
+            options = FP8_OPTIONS if kv_dtype and base.variant == "grouped" else KERNEL_OPTIONS[base.variant]
+            for block_n, warps, stages in options:
+                if time.time() - started > args.budget_s:
                     break
                 measure(dataclasses.replace(base, block_n=block_n, num_warps=warps, num_stages=stages,
                                             num_kv_splits=splits))  # fmt: skip
@@ -106,7 +127,7 @@ def main() -> None:
               flush=True)  # fmt: skip
         del q, k, v
         torch.cuda.empty_cache()
-    with open(sys.argv[1], "w") as f:
+    with open(args.out, "w") as f:
         json.dump(results, f, indent=0)
 
 

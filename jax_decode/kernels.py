@@ -66,6 +66,12 @@ def _scores_log2(qk, SM_SCALE: tl.constexpr, LOGIT_CAP: tl.constexpr):
 
 
 @triton.jit
+def _to_f16_clamped(x):
+    """float16 of x, saturated to +-65504 (only values beyond that change beyond rounding)."""
+    return tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+
+
+@triton.jit
 def _dot(a, b, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
     """tl.dot with fp32 accumulation.
 
@@ -280,6 +286,7 @@ def _decode_stage1_grouped(
     BLOCK_H: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
     V_FROM_K: tl.constexpr,
+    FP8_DOT_F16: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -313,10 +320,16 @@ def _decode_stage1_grouped(
 
     q_rows = q_ptr + batch_idx * STRIDE_QB + heads * STRIDE_QH
     q = tl.load(q_rows[:, None] + offs_d[None, :], mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if FP8_DOT_F16:
+        # fp8 widens to float16 in one instruction per pair, to bfloat16 in several: with
+        # an fp8 cache the dots run in float16 (q saturated to its range, p in [0, 1]).
+        q = _to_f16_clamped(q)
     if BLOCK_DPE > 0:
         offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
         mask_dpe = offs_dpe < HEAD_DIM_QK
         q_pe = tl.load(q_rows[:, None] + offs_dpe[None, :], mask=mask_h[:, None] & mask_dpe[None, :], other=0.0)
+        if FP8_DOT_F16:
+            q_pe = _to_f16_clamped(q_pe)
 
     start, end = _split_bounds(seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY, WINDOW_LEFT)
     page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB

@@ -129,3 +129,12 @@ def test_sinks_lower_the_weights_exactly():
     weight = 1 / (1 + np.exp(problem.sinks[None, :] - lse))  # 0 for empty rows (lse -inf)
     np.testing.assert_allclose(out_sink, out * weight[..., None], atol=2e-5, rtol=2e-5)
     np.testing.assert_allclose(lse_sink, np.logaddexp(lse, problem.sinks[None, :]), rtol=1e-5)
+
+
+def test_fp8_cache_with_huge_q_stays_finite():
+    """bfloat16 q over an fp8 cache runs its dots in float16: q beyond +-65504 saturates, never inf."""
+    case = dataclasses.replace(GQA4, kv_dtype="float8_e4m3fn", kv_scales="head", dtype="bfloat16")
+    problem = case.problem()
+    problem.q[1:, 0, :] = 1e6  # rows with tokens; one head's q far beyond float16's range
+    out, lse = run_jax(problem, backend=KERNEL_BACKEND, **case.options())
+    assert np.isfinite(out).all() and np.isfinite(lse[1:]).all()

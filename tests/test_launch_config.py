@@ -155,3 +155,41 @@ def test_interpreter_config_works_around_bf16_dot():
     assert fp16.stage1(fp16.contiguous_strides()).meta()["DOT_UPCAST"] is False
     fp32 = make_launch_config(problem(dtype="float32"), H200, 2)
     assert fp32.stage1(fp32.contiguous_strides()).meta()["DOT_PRECISION"] == "ieee"
+
+
+@pytest.mark.parametrize("cc", [80, 86, 90])
+def test_fp8_caches_take_larger_tiles_within_shared_memory(cc):
+    device = DeviceInfo("nvidia", cc, 100)
+    fp8_dtype = "float8_e4m3fn" if cc >= 89 else "float8_e5m2"  # e4m3 needs sm_89
+    fp8 = make_launch_config(problem(kv_dtype=fp8_dtype), device)
+    width = fp8.block_dmodel + fp8.block_dv
+    assert fp8.num_stages * fp8.block_n * width <= shared_memory_budget(device)
+    if cc == 90:
+        assert (fp8.block_n, fp8.num_stages) == (128, 3)  # the fp8 sweep's best for GQA d128
+    wide = make_launch_config(problem(kv_dtype="float8_e5m2", num_kv_heads=1, num_heads=8, head_dim_qk=256,
+                                      head_dim_v=256), device)  # fmt: skip
+    assert wide.block_n == 64  # MQA d256: 64 tokens stayed best with fp8 too
+
+
+def test_window_limits_the_splits_to_what_is_read():
+    long_context = problem(batch=1, max_pages=2048)  # 32k tokens
+    full = make_launch_config(long_context, H200)
+    windowed = make_launch_config(dataclasses.replace(long_context, window_left=1023), H200)
+    assert windowed.num_kv_splits < full.num_kv_splits
+    assert windowed.num_kv_splits == 4  # 1024 tokens: at least 4 blocks of 64 per split
+    constexprs = windowed.stage1(windowed.contiguous_strides()).meta()
+    assert constexprs["WINDOW_LEFT"] == 1023 and full.stage1(full.contiguous_strides()).meta()["WINDOW_LEFT"] == -1
+
+
+def test_sinks_and_scales_are_constexpr_switches():
+    plain = make_launch_config(problem(), H200)
+    featured = make_launch_config(problem(has_sinks=True, k_scale=2, v_scale=1), H200)
+    assert plain.stage2(plain.contiguous_strides()).meta()["HAS_SINKS"] is False
+    assert featured.stage2(featured.contiguous_strides()).meta()["HAS_SINKS"] is True
+    meta = featured.stage1(featured.contiguous_strides()).meta()
+    assert (meta["K_SCALE"], meta["V_SCALE"]) == (2, 1)
+
+
+def test_e4m3_is_refused_before_sm89():
+    with pytest.raises(ValueError, match=r"float8_e4m3fn cache needs .* >= 8.9, this one is sm_86"):
+        make_launch_config(problem(kv_dtype="float8_e4m3fn"), DeviceInfo("nvidia", 86, 84))
