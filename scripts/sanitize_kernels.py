@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from cases import MATRIX, Case  # noqa: E402
+from cases import FEATURES, MATRIX, Case  # noqa: E402
+from torch_support import to_tensor  # noqa: E402
 
 import torch_bridge  # noqa: E402
 from jax_decode.reference import decode_attention_reference  # noqa: E402
@@ -37,12 +38,6 @@ from jax_decode.reference import decode_attention_reference  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 OUT_TOL = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
-
-
-def _to_tensor(array: np.ndarray) -> torch.Tensor:
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16).to(DEVICE)
-    return torch.from_numpy(np.ascontiguousarray(array)).to(DEVICE)
 
 
 def _adversarial(problem, name: str):
@@ -86,13 +81,16 @@ def _views(q, k, v, pt, sl):
 def run_case(case: Case, variant: str, views: bool) -> None:
     problem = case.problem()
     expect_nan = _adversarial(problem, variant)
-    q, k, v, pt, sl = (None if a is None else _to_tensor(a) for a in problem.arrays)
+    q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
     if views:
         q, k, v, pt, sl = _views(q, k, v, pt, sl)
     head_dim_v = problem.head_dim_v if case.mla else None
-    out, lse = torch_bridge.decode_attention(q, k, v, pt, sl, head_dim_v=head_dim_v, return_lse=True, **case.options())
+    extras = {name: to_tensor(x, DEVICE) for name, x in problem.extras.items()}  # fp8 scales, sinks
+    out, lse = torch_bridge.decode_attention(
+        q, k, v, pt, sl, head_dim_v=head_dim_v, return_lse=True, **extras, **case.options()
+    )
     expected, expected_lse = decode_attention_reference(
-        *problem.arrays, head_dim_v=head_dim_v, **{"logit_cap": case.logit_cap}
+        *problem.arrays, head_dim_v=head_dim_v, **problem.extras, **case.oracle_options()
     )
     got = out.float().cpu().numpy()
     if expect_nan:  # only the poisoned rows may be NaN
@@ -105,7 +103,8 @@ def run_case(case: Case, variant: str, views: bool) -> None:
 
 
 def main() -> None:
-    cases = MATRIX[:3] if "--quick" in sys.argv else MATRIX
+    # The configuration matrix, then fp8 caches, windows and sinks.
+    cases = MATRIX[:3] + FEATURES[:3] if "--quick" in sys.argv else MATRIX + FEATURES
     variants = ["valid", "bad_page_ids", "bad_lengths", "narrow_page_table", "nan_inf"]
     runs = 0
     for index, case in enumerate(cases):
