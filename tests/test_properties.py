@@ -1,4 +1,5 @@
-"""Property-based tests: random valid problems through the kernels and the xla backend vs the oracle.
+"""Property-based tests: random valid problems through the kernels and the xla backend vs the oracle
+(fp8 caches, windows and sinks among the draws).
 
 Bounded for CI by the "ci" hypothesis profile (fixed examples, see conftest.py); run
 more with ``pytest tests/test_properties.py --hypothesis-profile=thorough``.
@@ -35,6 +36,10 @@ class RandomProblem:
     logit_cap: float
     num_kv_splits: int | None
     seed: int
+    kv_dtype: str | None = None  # an fp8 cache
+    kv_scales: str = "none"
+    window_left: int | None = None
+    sinks: bool = False
 
     def problem(self):
         return make_paged_problem(
@@ -49,6 +54,9 @@ class RandomProblem:
             mla=self.mla,
             max_pages=self.max_pages,
             seed=self.seed,
+            kv_dtype=self.kv_dtype,
+            kv_scales=self.kv_scales,
+            sinks=self.sinks,
         )
 
 
@@ -79,14 +87,19 @@ def random_problems(draw) -> RandomProblem:
         logit_cap=draw(st.sampled_from([0.0, 0.0, 3.0, 30.0])),
         num_kv_splits=draw(st.one_of(st.none(), st.integers(1, 9))),
         seed=draw(st.integers(0, 2**16)),
+        kv_dtype=draw(st.sampled_from([None, None, "float8_e4m3fn", "float8_e5m2"])),
+        kv_scales=draw(st.sampled_from(["none", "tensor", "head"])),
+        window_left=draw(st.one_of(st.none(), st.none(), st.integers(0, capacity + 2))),
+        sinks=draw(st.booleans()),
     )
 
 
 def _check(spec: RandomProblem, backend: str) -> None:
     problem = spec.problem()
-    options = dict(logit_cap=spec.logit_cap, num_kv_splits=spec.num_kv_splits)
+    window = {} if spec.window_left is None else dict(window_left=spec.window_left)
+    options = dict(logit_cap=spec.logit_cap, num_kv_splits=spec.num_kv_splits, **window)
     out, lse = run_jax(problem, backend=backend, mla=spec.mla, jit=False, **options)
-    assert_matches_oracle(problem, out, lse, mla=spec.mla, logit_cap=spec.logit_cap)
+    assert_matches_oracle(problem, out, lse, mla=spec.mla, logit_cap=spec.logit_cap, **window)
 
 
 @kernels_run
