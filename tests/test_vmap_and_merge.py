@@ -136,3 +136,38 @@ def test_merge_shape_errors():
     out = jnp.zeros((2, 4, 8))
     with pytest.raises(ValueError, match=r"lse_b shape \(2, 3\) must be out_a's leading shape \(2, 4\)"):
         jax_decode.merge_attention_states(out, jnp.zeros((2, 4)), out, jnp.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("backend", ["xla", kernel_param])
+def test_vmap_with_fp8_scales_window_and_sinks(backend):
+    """Scales and sinks are shared like the cache; the window is static: all survive the fold."""
+    import dataclasses
+
+    case = dataclasses.replace(GQA4, kv_dtype="float8_e4m3fn", kv_scales="head", sinks=True, dtype="bfloat16")
+    problem = case.problem()
+    qs = np.stack([problem.q, problem.q[::-1]])
+    tables = np.stack([problem.page_table, problem.page_table[::-1]])
+    lens = np.stack([problem.seq_lens, np.array([7, 64, 0, 30], np.int32)])
+    extras = {name: jnp.asarray(x) for name, x in problem.extras.items()}
+
+    def call(q, pt, sl):
+        return jax_decode.decode_attention(
+            q, jnp.asarray(problem.k_cache), jnp.asarray(problem.v_cache), pt, sl, window_left=12,
+            return_lse=True, backend=backend, **extras,
+        )  # fmt: skip
+
+    out, lse = jax.jit(jax.vmap(call))(jnp.asarray(qs), jnp.asarray(tables), jnp.asarray(lens))
+    for i in range(2):
+        expected, expected_lse = decode_attention_reference(
+            qs[i], problem.k_cache, problem.v_cache, tables[i], lens[i], window_left=12, **problem.extras
+        )
+        np.testing.assert_allclose(np.asarray(out[i].astype(jnp.float32), np.float64), expected, **OUT_TOL["bfloat16"])
+        np.testing.assert_allclose(np.asarray(lse[i], np.float64), expected_lse, atol=1e-4, rtol=1e-5)
+
+
+def test_vmap_over_a_scale_is_refused():
+    problem = GQA4.problem()
+    q, k, v, pt, sl = device_arrays(problem)
+    mapped = jax.vmap(lambda s: jax_decode.decode_attention(q, k, v, pt, sl, k_scale=s, backend="xla"))
+    with pytest.raises(ValueError, match="nor k_scale, v_scale or sinks"):
+        mapped(jnp.ones((3, 1)))
