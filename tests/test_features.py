@@ -18,6 +18,7 @@ from torch_support import to_float64, to_tensor
 
 import jax_decode
 import torch_bridge
+from jax_decode.reference import decode_attention_reference
 
 KERNEL_BACKEND = "triton" if HAS_GPU else "interpret"
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -160,3 +161,19 @@ def test_torch_compile_fullgraph_with_every_feature():
     compiled = torch.compile(layer, fullgraph=True, backend="inductor" if HAS_GPU else "aot_eager")
     args = (*tensors, extras["k_scale"], extras["v_scale"], extras["sinks"])
     torch.testing.assert_close(compiled(*args), layer(*args), atol=0, rtol=0)
+
+
+def test_vllm_drop_in_with_fp8_buffers_and_scales():
+    import torch
+
+    case = dataclasses.replace(GQA4, kv_dtype="float8_e4m3fn", kv_scales="tensor", dtype="bfloat16")
+    problem = case.problem()
+    q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
+    o = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=DEVICE)
+    logits = torch.empty(q.shape[0], q.shape[1], 3, v.shape[-1] + 1, dtype=torch.float32, device=DEVICE)
+    k_scale, v_scale = (to_tensor(problem.extras[name], DEVICE) for name in ("k_scale", "v_scale"))
+    torch_bridge.decode_attention_fwd(
+        q, k, v, o, pt, sl, logits, 3, 0.125, page_size=case.page_size, k_scale=k_scale, v_scale=v_scale
+    )
+    expected, _ = decode_attention_reference(*problem.arrays, **problem.extras, sm_scale=0.125)
+    np.testing.assert_allclose(to_float64(o), expected, atol=3e-2, rtol=3e-2)
