@@ -114,7 +114,12 @@ def decode_attention(
     )
     num_kv_splits = check_num_kv_splits(num_kv_splits)
     if check_inputs:
-        check = functools.partial(check_index_values, num_pages=problem.num_pages, page_size=problem.page_size)
+        check = functools.partial(
+            check_index_values,
+            num_pages=problem.num_pages,
+            page_size=problem.page_size,
+            window_left=problem.window_left,
+        )
         jax.debug.callback(check, page_table, seq_lens)
     args = DecodeArrays(
         q, k_cache, v_cache, page_table, seq_lens,

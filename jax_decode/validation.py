@@ -216,13 +216,15 @@ def check_decode_args(
     )
 
 
-def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int) -> None:
+def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int, window_left: int = -1) -> None:
     """The checked mode's run-time rule, on host (NumPy) copies of the index arrays.
 
     Every ``seq_lens[b]`` must be in ``[0, max_pages * page_size]``, and every page
-    that a row's tokens live on (``page_table[b, :ceil(seq_lens[b] / page_size)]``)
-    must be in ``[0, num_pages)``; entries past a row's length are never read and may
-    hold anything (-1 padding, stale ids).  Raises ValueError naming the first offender.
+    that a row's attended tokens live on (``page_table[b, :ceil(seq_lens[b] / page_size)]``;
+    with a window only the pages holding its last ``window_left + 1`` tokens) must be in
+    ``[0, num_pages)``.  Entries past a row's length, or wholly before its window, are
+    never read and may hold anything (-1 padding, stale or freed ids).  Raises
+    ValueError naming the first offender.
     """
     import numpy as np
 
@@ -233,8 +235,11 @@ def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int) 
             f"seq_lens[{row}] = {seq_lens[row]} is outside [0, {capacity}] "
             f"(max_pages {page_table.shape[1]} * page_size {page_size})"
         )
-    pages_used = -(-seq_lens.astype(np.int64) // page_size)  # [batch]
-    used = np.arange(page_table.shape[1])[None, :] < pages_used[:, None]
+    lengths = seq_lens.astype(np.int64)
+    pages_used = -(-lengths // page_size)  # [batch]
+    first_page = np.zeros_like(lengths) if window_left < 0 else np.maximum(lengths - 1 - window_left, 0) // page_size
+    columns = np.arange(page_table.shape[1])[None, :]
+    used = (columns < pages_used[:, None]) & (columns >= first_page[:, None])
     bad = used & ((page_table < 0) | (page_table >= num_pages))
     for row, col in np.argwhere(bad)[:1]:
         raise ValueError(

@@ -91,3 +91,20 @@ def test_checked_mode_off_adds_no_callback():
     assert "callback" not in text
     checked = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla", check_inputs=True))
     assert "callback" in checked.lower(*arrays).as_text()
+
+
+def test_freed_pages_before_a_window_are_accepted_but_pages_inside_it_checked():
+    """Sliding-window engines free the pages a window has left behind (-1 in the table)."""
+    problem = _problem()
+    problem.page_table[3, :2] = -1  # row 3 (64 tokens, page 16): pages 0-1 hold tokens 0-31
+    arrays = device_arrays(problem)
+    windowed = jax.jit(
+        lambda *a: jax_decode.decode_attention(*a, backend="xla", window_left=20, check_inputs=True)
+    )  # row 3 attends to tokens 43..63: pages 2 and 3
+    jax.block_until_ready(windowed(*arrays))
+    tensors = [to_tensor(a) for a in problem.arrays]
+    torch_bridge.decode_attention(*tensors, window_left=20, check_inputs=True)
+    with pytest.raises(ValueError, match=r"page_table\[3, 1\] = -1 .* holds tokens of row 3"):
+        torch_bridge.decode_attention(*tensors, window_left=40, check_inputs=True)  # tokens 23..63: page 1 too
+    with pytest.raises(Exception, match=r"page_table\[3, 0\] = -1"):
+        jax.block_until_ready(jax.jit(lambda *a: jax_decode.decode_attention(*a, check_inputs=True))(*arrays))

@@ -239,7 +239,10 @@ def _lse_sink(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
 def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: LaunchConfig) -> None:
     """check_inputs=True: the shared run-time rule on host copies of the index tensors."""
     p = config.problem
-    check_index_values(page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size)
+    check_index_values(
+        page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size,
+        window_left=p.window_left,
+    )  # fmt: skip
 
 
 _DECODE_NAMES = ("q", "k_cache", "v_cache", "page_table", "seq_lens", "k_scale", "v_scale", "sinks", "out")
