@@ -21,7 +21,7 @@ from jax_decode import triton_backend
 from jax_decode.interpret_backend import decode_attention_interpret
 from jax_decode.launch import DeviceInfo, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
-from jax_decode.operands import float_operand
+from jax_decode.operands import float_operand, scale_operand
 from jax_decode.validation import check_decode_args, check_index_values, check_num_kv_splits
 from jax_decode.xla_backend import decode_attention_xla
 
@@ -123,8 +123,8 @@ def decode_attention(
         jax.debug.callback(check, page_table, seq_lens)
     args = DecodeArrays(
         q, k_cache, v_cache, page_table, seq_lens,
-        None if k_scale is None else k_scale.astype(jnp.float32).reshape(-1),
-        None if v_scale is None else v_scale.astype(jnp.float32).reshape(-1),
+        scale_operand(k_scale),
+        scale_operand(v_scale),
         None if sinks is None else sinks.astype(jnp.float32),
     )  # fmt: skip
     given = tuple(x is not None for x in args)

@@ -34,6 +34,7 @@ import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch share the GPU
 
+from jax_decode.launch import itemsize  # noqa: E402
 from jax_decode.synthetic import SEED_SHAPES  # noqa: E402
 
 IMPLEMENTATIONS = ("jax_decode", "torch_bridge", "xla", "pallas", "vllm")
@@ -73,8 +74,7 @@ class BenchShape:
 
     def kv_bytes(self) -> int:
         width = self.head_dim_qk if self.mla else self.head_dim_qk + self.head_dim_v
-        itemsize = {"float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}.get(self.kv_dtype or self.dtype, 2)
-        return self.batch * self.attended * self.num_kv_heads * width * itemsize
+        return self.batch * self.attended * self.num_kv_heads * width * itemsize(self.kv_dtype or self.dtype)
 
 
 def default_suite() -> list[BenchShape]:

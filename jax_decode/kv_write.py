@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_decode import kernels, triton_backend
-from jax_decode.launch import FP8_MAX, check_cache_dtype_on_device, write_cache_launch
-from jax_decode.operands import float_operand
+from jax_decode.launch import FP8_FORMATS, check_cache_dtype_on_device, write_cache_launch
+from jax_decode.operands import float_operand, scale_operand
 from jax_decode.validation import check_write_kv_args
 
 WRITE_BACKENDS = ("auto", "triton", "xla", "interpret")
@@ -47,7 +47,7 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, k_scale=None, v_sc
         k_cache=spec(k_cache), v_cache=spec(v_cache), k_new=spec(k_new), v_new=spec(v_new),
         slot_mapping=spec(slot_mapping), k_scale=spec(k_scale), v_scale=spec(v_scale),
     )  # fmt: skip
-    k_scale, v_scale = (None if x is None else x.astype(jnp.float32).reshape(-1) for x in (k_scale, v_scale))
+    k_scale, v_scale = scale_operand(k_scale), scale_operand(v_scale)
     k_out = _write_one(k_cache, k_new, slot_mapping, k_scale, k_mode, num_tokens, num_slots, backend)
     if v_cache is None:
         return k_out, None
@@ -68,9 +68,9 @@ def _write_xla(cache, new, slots, scale, num_slots: int):
     index = jnp.where(in_range, slots, num_slots)  # past the end: dropped below
     if scale is not None:
         new = new.astype(jnp.float32) / scale[:, None]
-    saturate = FP8_MAX.get(jnp.dtype(cache.dtype).name)
-    if saturate is not None:  # the kernel's rule: clamp to the finite range, then round
-        new = jnp.clip(new.astype(jnp.float32), -saturate, saturate)
+    fp8 = FP8_FORMATS.get(jnp.dtype(cache.dtype).name)
+    if fp8 is not None:  # the kernel's rule: clamp to the finite range, then round
+        new = jnp.clip(new.astype(jnp.float32), -fp8.largest, fp8.largest)
     return flat.at[index].set(new.astype(cache.dtype), mode="drop").reshape(cache.shape)
 
 

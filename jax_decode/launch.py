@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Variant = Literal["mha", "grouped"]
 
@@ -36,10 +36,24 @@ MIN_DOT_DIM = 16
 
 # How a cache's dequantisation scale is given (the kernels' K_SCALE / V_SCALE / SCALE).
 SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_KV_HEAD = 0, 1, 2
-# Largest finite value of each fp8 cache format: quantised writes saturate there.
-FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
-# (mantissa bits, exponent bias) of each fp8 cache format.
-FP8_FORMAT = {"float8_e4m3fn": (3, 7), "float8_e5m2": (2, 15)}
+
+
+class Fp8Format(NamedTuple):
+    """An fp8 cache format: quantised writes saturate at ``largest`` (its largest finite
+    value) and round to ``mantissa_bits`` with exponent ``bias``."""
+
+    largest: float
+    mantissa_bits: int
+    bias: int
+
+
+FP8_FORMATS = {"float8_e4m3fn": Fp8Format(448.0, 3, 7), "float8_e5m2": Fp8Format(57344.0, 2, 15)}
+NO_FP8 = Fp8Format(0.0, 0, 0)  # the write kernel's constexprs for a 16/32-bit cache
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a q or cache dtype name."""
+    return 1 if dtype in FP8_FORMATS else 4 if dtype == "float32" else 2
 
 
 def next_power_of_2(n: int) -> int:
@@ -239,7 +253,7 @@ class LaunchConfig:
                 HEAD_BLOCKS=self.head_blocks,
                 V_FROM_K=self.reuse_k_as_v,
                 # bfloat16 q over an fp8 cache: dots in float16 (cheaper fp8 widening).
-                FP8_DOT_F16=p.cache_dtype in FP8_MAX and p.dtype == "bfloat16",
+                FP8_DOT_F16=p.cache_dtype in FP8_FORMATS and p.dtype == "bfloat16",
                 # fp32 tl.dot would otherwise round its inputs to tf32.
                 DOT_PRECISION="ieee" if p.dtype == "float32" else "tf32",
                 DOT_UPCAST=self.device.vendor == "cpu" and p.dtype == "bfloat16",
@@ -303,6 +317,7 @@ def write_cache_launch(
     saturated to its finite range before the cast.
     """
     block_d = next_power_of_2(head_dim)
+    fp8 = FP8_FORMATS.get(cache_dtype, NO_FP8)
     meta = dict(
         STRIDE_NT=new_strides[0],
         STRIDE_NH=new_strides[1],
@@ -313,9 +328,9 @@ def write_cache_launch(
         BLOCK_D=block_d,
         PAGE_SIZE=page_size,
         SCALE=scale,
-        SATURATE=FP8_MAX.get(cache_dtype, 0.0),
-        FP8_MAN_BITS=FP8_FORMAT.get(cache_dtype, (0, 0))[0],
-        FP8_BIAS=FP8_FORMAT.get(cache_dtype, (0, 0))[1],
+        SATURATE=fp8.largest,
+        FP8_MAN_BITS=fp8.mantissa_bits,
+        FP8_BIAS=fp8.bias,
     )
     num_warps = 1 if block_d <= 128 else 2
     return KernelLaunch("write_cache", (num_tokens, num_kv_heads, 1), num_warps, 1, tuple(meta.items()))
@@ -373,10 +388,10 @@ def _grouped_blocks(p: DecodeProblem, device: DeviceInfo, block_dmodel: int, blo
     sweep's best on all three GQA d128 shapes, +7 to +30% over 64 / 2): a tile holds
     half the bytes, and the per-token work, not memory, is then what limits.
     """
-    itemsize = {"float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}.get(p.cache_dtype, 2)
-    row_bytes = (block_dmodel + block_dpe + (0 if p.v_from_k else block_dv)) * itemsize
+    cache_itemsize = itemsize(p.cache_dtype)
+    row_bytes = (block_dmodel + block_dpe + (0 if p.v_from_k else block_dv)) * cache_itemsize
     block_n, stages = 64, (3 if block_dmodel + block_dpe >= 256 else 2)
-    if itemsize == 1 and block_dmodel + block_dpe <= 128:
+    if cache_itemsize == 1 and block_dmodel + block_dpe <= 128:
         block_n, stages = 128, 3
     budget = shared_memory_budget(device)
     while stages * block_n * row_bytes > budget and (stages > 2 or block_n > 16):

@@ -12,7 +12,7 @@ import numbers
 from collections.abc import Sequence
 
 from jax_decode.launch import (
-    FP8_MAX,
+    FP8_FORMATS,
     MAX_BATCH,
     MAX_KV_SPLITS,
     SCALE_NONE,
@@ -23,7 +23,7 @@ from jax_decode.launch import (
 )
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
-FP8_DTYPES = tuple(FP8_MAX)  # cache-only dtypes: float8_e4m3fn, float8_e5m2
+FP8_DTYPES = tuple(FP8_FORMATS)  # cache-only dtypes: float8_e4m3fn, float8_e5m2
 INDEX_DTYPE = "int32"
 MAX_HEAD_DIM = 1024
 

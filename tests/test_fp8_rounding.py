@@ -12,7 +12,7 @@ import triton.language as tl
 from conftest import HAS_GPU
 
 from jax_decode.kernels import _fp8_bits
-from jax_decode.launch import FP8_FORMAT, FP8_MAX
+from jax_decode.launch import FP8_FORMATS
 
 
 @triton.jit
@@ -35,11 +35,10 @@ def _values() -> np.ndarray:
     return padded
 
 
-@pytest.mark.parametrize("fmt", sorted(FP8_FORMAT))
+@pytest.mark.parametrize("fmt", sorted(FP8_FORMATS))
 def test_fp8_rounding_matches_ml_dtypes(fmt):
     x = _values()
-    man, bias = FP8_FORMAT[fmt]
-    limit = FP8_MAX[fmt]
+    limit, man, bias = FP8_FORMATS[fmt]
     device = "cuda" if HAS_GPU else "cpu"
     x_t = torch.from_numpy(x).to(device)
     y_t = torch.empty(x.shape, dtype=torch.uint8, device=device)
