@@ -102,7 +102,7 @@ def test_freed_pages_before_a_window_are_accepted_but_pages_inside_it_checked():
         lambda *a: jax_decode.decode_attention(*a, backend="xla", window_left=20, check_inputs=True)
     )  # row 3 attends to tokens 43..63: pages 2 and 3
     jax.block_until_ready(windowed(*arrays))
-    tensors = [to_tensor(a) for a in problem.arrays]
+    tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
     torch_bridge.decode_attention(*tensors, window_left=20, check_inputs=True)
     with pytest.raises(ValueError, match=r"page_table\[3, 1\] = -1 .* holds tokens of row 3"):
         torch_bridge.decode_attention(*tensors, window_left=40, check_inputs=True)  # tokens 23..63: page 1 too
