@@ -84,7 +84,8 @@ def default_suite() -> list[BenchShape]:
     first, big = suite[0], suite[1]
     suite.append(dataclasses.replace(first, dtype="float16"))
     suite.append(dataclasses.replace(first, name=f"{first.name} page1", page_size=1))
-    for shape in (first, big):
+    mla = next(shape for shape in suite if shape.mla)
+    for shape in (first, big, mla):
         suite.append(dataclasses.replace(shape, kv_dtype="float8_e4m3fn", feature=True))
     long = dataclasses.replace(first, name="GQA 32/8 d128 b32 ctx32768", context=32768)
     suite.append(dataclasses.replace(long, window_left=4095, feature=True))
