@@ -104,7 +104,12 @@ def run_case(case: Case, variant: str, views: bool) -> None:
 
 def main() -> None:
     # The configuration matrix, then fp8 caches, windows and sinks.
-    cases = MATRIX[:3] + FEATURES[:3] if "--quick" in sys.argv else MATRIX + FEATURES
+    if "--quick" in sys.argv:
+        cases = MATRIX[:3] + FEATURES[:3]
+    elif "--features" in sys.argv:  # fp8 caches, windows and sinks only
+        cases = list(FEATURES)
+    else:
+        cases = MATRIX + FEATURES
     variants = ["valid", "bad_page_ids", "bad_lengths", "narrow_page_table", "nan_inf"]
     runs = 0
     for index, case in enumerate(cases):
@@ -114,6 +119,7 @@ def main() -> None:
             for views in (False, True) if index % 4 == 0 else (False,):
                 run_case(case, variant, views)
                 runs += 1
+        print(f"{case.id}: ok", flush=True)
     # Splits beyond the tokens a row has: most splits are empty.
     for case in cases[:5]:
         run_case(dataclasses.replace(case, num_kv_splits=64), "valid", False)
