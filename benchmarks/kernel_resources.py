@@ -1,0 +1,185 @@
+"""What the compiled stage-1 kernel costs per SM, without a GPU.
+
+Compiles the stage-1 kernel the launch config picks for each benchmark shape for an
+NVIDIA target (Triton's bundled ptxas; no GPU or CUDA install needed) and reports its
+registers per thread, spilled bytes, shared memory per program, how many programs fit
+an SM by each of those, and the SASS of its main loop: instructions per warp per tile
+and the most frequent opcodes.  These explain occupancy (an fp8 MLA latent spills with
+4 warps; the fp8 GQA kernel needs 255 registers, so two programs fit an SM), but the
+instruction count alone does not predict speed: time candidates on a GPU
+(``benchmarks/sweep.py``, ``python -m jax_decode.bench``).  The numbers depend on the
+Triton version (the H200 image has 3.6; under 3.9 the fp8 GQA kernel needs 203
+registers, under 3.6 all 255): report with the version the kernels will run under.
+
+    python benchmarks/kernel_resources.py --shapes MLA --kv-dtype float8_e4m3fn --cc 90
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from jax_decode import kernels
+from jax_decode.launch import DecodeProblem, DeviceInfo, default_sm_scale, make_launch_config
+from jax_decode.synthetic import SEED_SHAPES
+
+TRITON_TYPES = {
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float32": "fp32",
+    "float8_e4m3fn": "fp8e4nv",
+    "float8_e5m2": "fp8e5",
+}
+# Per-SM limits of the NVIDIA parts we tune for (registers, shared memory in bytes).
+SM_REGISTERS = 65536
+SM_SHARED = {80: 167936, 86: 101376, 89: 101376, 90: 232448}
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def tools_available() -> bool:
+    return all(os.path.exists(_tool(name)) for name in ("ptxas", "nvdisasm", "cuobjdump"))
+
+
+def _stage1_source(config, kv_dtype: str):
+    """The ASTSource of the launch's stage-1 kernel: pointer types, runtime ints, constexprs."""
+    launch = config.stage1(config.contiguous_strides())
+    fn = kernels.STAGE1_KERNELS[launch.kernel_name]
+    q_type, kv_type = TRITON_TYPES[config.problem.dtype], TRITON_TYPES[kv_dtype]
+    runtime = {
+        "q_ptr": "*" + q_type,
+        "k_ptr": "*" + kv_type,
+        "v_ptr": "*" + kv_type,
+        "page_table_ptr": "*i32",
+        "seq_lens_ptr": "*i32",
+        "k_scale_ptr": "*fp32",
+        "v_scale_ptr": "*fp32",
+        "num_pages": "i32",
+        "mid_o_ptr": "*fp32",
+        "mid_lse_ptr": "*fp32",
+    }
+    signature = {name: runtime.get(name, "constexpr") for name in fn.arg_names}
+    # Every buffer is 16-byte aligned in both frontends (Triton specialises on it).
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name.endswith("_ptr")}
+    return ASTSource(fn, signature, launch.meta(), attrs), launch
+
+
+def _main_loop(sass: str) -> list[str]:
+    """Instructions of the longest backward branch (the loop over the KV blocks)."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*\.(L_x_\d+):", line))}
+    longest = (0, -1)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+(?:`\()?\.?(L_x_\d+)", line)
+        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > longest[1] - longest[0]:
+            longest = (labels[m.group(1)], i)
+    return [line for line in lines[longest[0] : longest[1] + 1] if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+
+
+def kernel_resources(problem: DecodeProblem, compute_capability: int = 90, num_sms: int = 132) -> dict:
+    """Compile the stage-1 kernel for ``problem`` and return its per-SM resource report."""
+    config = make_launch_config(problem, DeviceInfo("nvidia", compute_capability, num_sms))
+    source, launch = _stage1_source(config, problem.cache_dtype)
+    compiled = triton.compile(
+        source,
+        target=GPUTarget("cuda", compute_capability, 32),
+        options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "stage1.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True, text=True)
+        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
+    registers = int(re.search(r"REG:(\d+)", usage.stdout).group(1))
+    spilled = int(re.search(r"STACK:(\d+)", usage.stdout).group(1))
+    shared = compiled.metadata.shared
+    threads = 32 * launch.num_warps
+    loop = _main_loop(sass)
+    opcodes = collections.Counter(
+        m.group(1).split(".")[0]
+        for line in loop
+        if (m := re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line))
+    )
+    return dict(
+        variant=config.variant,
+        block_n=config.block_n,
+        block_h=config.block_h,
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
+        registers=registers,
+        spilled_bytes=spilled,
+        shared_bytes=shared,
+        programs_per_sm_by_registers=SM_REGISTERS // (registers * threads),
+        programs_per_sm_by_shared=SM_SHARED.get(compute_capability, SM_SHARED[80]) // max(shared, 1),
+        loop_instructions_per_warp=len(loop),
+        loop_tokens=config.block_n,
+        top_opcodes=opcodes.most_common(8),
+    )
+
+
+def _problem(dims, dtype: str, kv_dtype: str | None) -> DecodeProblem:
+    batch, heads, kv_heads, dqk, dv, context, page, mla = dims
+    fp8 = kv_dtype is not None
+    return DecodeProblem(
+        batch=batch,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim_qk=dqk,
+        head_dim_v=dv,
+        num_pages=batch * context // page + 1,
+        page_size=page,
+        max_pages=context // page,
+        dtype=dtype,
+        v_from_k=mla,
+        sm_scale=default_sm_scale(dqk),
+        logit_cap=0.0,
+        kv_dtype=kv_dtype,
+        k_scale=2 if fp8 else 0,  # per-KV-head scales, as the benchmark's fp8 rows
+        v_scale=2 if fp8 else 0,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="*", help="substrings of benchmark shape names (default: all)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--kv-dtype", choices=["float8_e4m3fn", "float8_e5m2"], help="an fp8 cache")
+    parser.add_argument("--cc", type=int, default=90, help="compute capability to compile for (default 90)")
+    args = parser.parse_args()
+    if not tools_available():
+        raise SystemExit("this Triton install has no bundled ptxas / nvdisasm / cuobjdump")
+    for name, dims in SEED_SHAPES.items():
+        if args.shapes and not any(s in name for s in args.shapes):
+            continue
+        report = kernel_resources(_problem(dims, args.dtype, args.kv_dtype), args.cc)
+        cache = args.kv_dtype or args.dtype
+        print(f"{name} ({cache} cache, sm_{args.cc}):")
+        print(
+            f"  {report['variant']}: BLOCK_N {report['block_n']}, BLOCK_H {report['block_h']}, "
+            f"{report['num_warps']} warps, {report['num_stages']} stages"
+        )
+        print(
+            f"  {report['registers']} registers/thread, {report['spilled_bytes']} B spilled, "
+            f"{report['shared_bytes']} B shared; programs per SM: {report['programs_per_sm_by_registers']} "
+            f"by registers, {report['programs_per_sm_by_shared']} by shared memory"
+        )
+        ops = ", ".join(f"{op} {count}" for op, count in report["top_opcodes"])
+        print(
+            f"  main loop: {report['loop_instructions_per_warp']} instructions/warp "
+            f"per {report['loop_tokens']} tokens ({ops})"
+        )
+
+
+if __name__ == "__main__":
+    main()
