@@ -38,8 +38,9 @@ TRITON_TYPES = {
     "float8_e4m3fn": "fp8e4nv",
     "float8_e5m2": "fp8e5",
 }
-# Per-SM limits of the NVIDIA parts we tune for (registers, shared memory in bytes).
-SM_REGISTERS = 65536
+# Per-SM limits of the NVIDIA parts we tune for (registers, threads, resident programs,
+# shared memory in bytes).
+SM_REGISTERS, SM_THREADS, SM_PROGRAMS = 65536, 2048, 32
 SM_SHARED = {80: 167936, 86: 101376, 89: 101376, 90: 232448}
 
 
@@ -120,8 +121,8 @@ def kernel_resources(problem: DecodeProblem, compute_capability: int = 90, num_s
         registers=registers,
         spilled_bytes=spilled,
         shared_bytes=shared,
-        programs_per_sm_by_registers=SM_REGISTERS // (registers * threads),
-        programs_per_sm_by_shared=SM_SHARED.get(compute_capability, SM_SHARED[80]) // max(shared, 1),
+        programs_per_sm_by_registers=min(SM_REGISTERS // (registers * threads), SM_THREADS // threads),
+        programs_per_sm_by_shared=min(SM_SHARED.get(compute_capability, SM_SHARED[80]) // max(shared, 1), SM_PROGRAMS),
         loop_instructions_per_warp=len(loop),
         loop_tokens=config.block_n,
         top_opcodes=opcodes.most_common(8),
