@@ -28,8 +28,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from jax_decode import kernels
-from jax_decode.launch import DecodeProblem, DeviceInfo, default_sm_scale, make_launch_config
+from jax_decode.launch import DecodeProblem, DeviceInfo, make_launch_config
 from jax_decode.synthetic import SEED_SHAPES
+from jax_decode.validation import check_decode_args
 
 TRITON_TYPES = {
     "float16": "fp16",
@@ -130,24 +131,28 @@ def kernel_resources(problem: DecodeProblem, compute_capability: int = 90, num_s
 
 
 def _problem(dims, dtype: str, kv_dtype: str | None) -> DecodeProblem:
+    """The problem decode_attention would build for a benchmark shape (through the same
+    argument checks), with per-KV-head scales for an fp8 cache, as the benchmark's rows."""
     batch, heads, kv_heads, dqk, dv, context, page, mla = dims
-    fp8 = kv_dtype is not None
-    return DecodeProblem(
-        batch=batch,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim_qk=dqk,
-        head_dim_v=dv,
-        num_pages=batch * context // page + 1,
-        page_size=page,
-        max_pages=context // page,
-        dtype=dtype,
-        v_from_k=mla,
-        sm_scale=default_sm_scale(dqk),
+    cache_dtype = kv_dtype or dtype
+    pages = batch * context // page + 1
+    scale = ((kv_heads,), "float32") if kv_dtype else None
+    return check_decode_args(
+        q_shape=(batch, heads, dqk),
+        q_dtype=dtype,
+        k_shape=(pages, page, kv_heads, dqk),
+        k_dtype=cache_dtype,
+        v_shape=None if mla else (pages, page, kv_heads, dv),
+        v_dtype=None if mla else cache_dtype,
+        page_table_shape=(batch, context // page),
+        page_table_dtype="int32",
+        seq_lens_shape=(batch,),
+        seq_lens_dtype="int32",
+        head_dim_v=dv if mla else None,
+        sm_scale=None,
         logit_cap=0.0,
-        kv_dtype=kv_dtype,
-        k_scale=2 if fp8 else 0,  # per-KV-head scales, as the benchmark's fp8 rows
-        v_scale=2 if fp8 else 0,
+        k_scale=scale,
+        v_scale=None if mla else scale,
     )
 
 
