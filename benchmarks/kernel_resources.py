@@ -53,11 +53,11 @@ def tools_available() -> bool:
     return all(os.path.exists(_tool(name)) for name in ("ptxas", "nvdisasm", "cuobjdump"))
 
 
-def _stage1_source(config, kv_dtype: str):
+def _stage1_source(config):
     """The ASTSource of the launch's stage-1 kernel: pointer types, runtime ints, constexprs."""
     launch = config.stage1(config.contiguous_strides())
     fn = kernels.STAGE1_KERNELS[launch.kernel_name]
-    q_type, kv_type = TRITON_TYPES[config.problem.dtype], TRITON_TYPES[kv_dtype]
+    q_type, kv_type = TRITON_TYPES[config.problem.dtype], TRITON_TYPES[config.problem.cache_dtype]
     runtime = {
         "q_ptr": "*" + q_type,
         "k_ptr": "*" + kv_type,
@@ -91,7 +91,7 @@ def _main_loop(sass: str) -> list[str]:
 def kernel_resources(problem: DecodeProblem, compute_capability: int = 90, num_sms: int = 132) -> dict:
     """Compile the stage-1 kernel for ``problem`` and return its per-SM resource report."""
     config = make_launch_config(problem, DeviceInfo("nvidia", compute_capability, num_sms))
-    source, launch = _stage1_source(config, problem.cache_dtype)
+    source, launch = _stage1_source(config)
     compiled = triton.compile(
         source,
         target=GPUTarget("cuda", compute_capability, 32),
