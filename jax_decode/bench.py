@@ -204,7 +204,7 @@ def _time_torch(fn_for_set, sets, device_time: bool) -> float:
         counter[0] += 1
 
     if not device_time:
-        return triton.testing.do_bench(step, warmup=25, rep=100)
+        return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile and warm up outside the capture
@@ -215,7 +215,7 @@ def _time_torch(fn_for_set, sets, device_time: bool) -> float:
     with torch.cuda.graph(graph):
         for _ in range(DEVICE_TIME_CALLS):
             step()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=100) / DEVICE_TIME_CALLS
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median") / DEVICE_TIME_CALLS
 
 
 def _time_jax(fn, arg_sets, device_time: bool) -> float:
