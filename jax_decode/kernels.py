@@ -134,19 +134,6 @@ def _token_pages(page_row_ptr, offs_n, end, num_pages, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
-def _v_tile(k, v_head_ptr, page, slot, valid, offs_dv, mask_dv, STRIDE_VP: tl.constexpr, STRIDE_VS: tl.constexpr,
-            V_FROM_K: tl.constexpr):  # fmt: skip
-    """The V tile of these tokens in k's dtype: MLA's (V_FROM_K) is the K tile already loaded."""
-    if V_FROM_K:
-        v = k
-    else:
-        v_rows = v_head_ptr + page * STRIDE_VP + slot * STRIDE_VS
-        v = tl.load(v_rows[:, None] + offs_dv[None, :], mask=valid[:, None] & mask_dv[None, :], other=0.0)
-        v = v.to(k.dtype)
-    return v
-
-
-@triton.jit
 def _decode_stage1_mha(
     q_ptr,  # [batch, num_heads, head_dim_qk]
     k_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_qk]
@@ -305,7 +292,6 @@ def _decode_stage1_grouped(
     PAGE_SIZE: tl.constexpr,
     CAPACITY: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr,
-    TOKEN_ROWS: tl.constexpr = False,
 ):
     """BLOCK_H query heads sharing one KV head per program: q.k and p.v with tl.dot.
 
@@ -355,16 +341,7 @@ def _decode_stage1_grouped(
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if TOKEN_ROWS:
-        # Tokens as the dots' rows: S^T = K q^T and O^T += V^T P^T.  With few heads per
-        # KV head, BLOCK_N (not BLOCK_H) is then the M of both dots, which lets sm_90 use
-        # warpgroup MMA reading the K/V tiles straight from shared memory.
-        q_t = tl.trans(q)
-        if BLOCK_DPE > 0:
-            q_pe_t = tl.trans(q_pe)
-        acc_t = tl.zeros([BLOCK_DV, BLOCK_H], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         page, slot, valid = _token_pages(page_row_ptr, offs_n, end, num_pages, PAGE_SIZE)
@@ -372,40 +349,29 @@ def _decode_stage1_grouped(
         k = tl.load(k_rows[:, None] + offs_d[None, :], mask=valid[:, None] & mask_d[None, :], other=0.0)
         # An fp8 cache widens to q's dtype (exactly) for the tensor cores; else a no-op.
         k = k.to(q.dtype)
-        if TOKEN_ROWS:
-            qk_t = _dot(k, q_t, DOT_PRECISION, DOT_UPCAST)  # [BLOCK_N, BLOCK_H]
-            if BLOCK_DPE > 0:
-                k_pe = tl.load(k_rows[:, None] + offs_dpe[None, :], mask=valid[:, None] & mask_dpe[None, :], other=0.0)
-                qk_t += _dot(k_pe.to(q.dtype), q_pe_t, DOT_PRECISION, DOT_UPCAST)
-            if K_SCALE > 0:
-                qk_t = qk_t * k_scale
-            s_t = tl.where(valid[:, None], _scores_log2(qk_t, SM_SCALE, LOGIT_CAP), float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s_t, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # see _decode_stage1_mha
-            alpha = tl.exp2(m_i - m_safe)
-            p_t = tl.exp2(s_t - m_safe[None, :])
-            v = _v_tile(k, v_head_ptr, page, slot, valid, offs_dv, mask_dv, STRIDE_VP, STRIDE_VS, V_FROM_K)
-            acc_t = acc_t * alpha[None, :] + _dot(tl.trans(v), p_t.to(v.dtype), DOT_PRECISION, DOT_UPCAST)
-            l_i = l_i * alpha + tl.sum(p_t, 0)
+        qk = _dot(q, tl.trans(k), DOT_PRECISION, DOT_UPCAST)
+        if BLOCK_DPE > 0:
+            k_pe = tl.load(k_rows[:, None] + offs_dpe[None, :], mask=valid[:, None] & mask_dpe[None, :], other=0.0)
+            qk += _dot(q_pe, tl.trans(k_pe.to(q.dtype)), DOT_PRECISION, DOT_UPCAST)
+        if K_SCALE > 0:
+            qk = qk * k_scale  # dequantise through the scores: K stays in its dtype
+        s = tl.where(valid[None, :], _scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
+
+        if V_FROM_K:
+            v = k
         else:
-            qk = _dot(q, tl.trans(k), DOT_PRECISION, DOT_UPCAST)
-            if BLOCK_DPE > 0:
-                k_pe = tl.load(k_rows[:, None] + offs_dpe[None, :], mask=valid[:, None] & mask_dpe[None, :], other=0.0)
-                qk += _dot(q_pe, tl.trans(k_pe.to(q.dtype)), DOT_PRECISION, DOT_UPCAST)
-            if K_SCALE > 0:
-                qk = qk * k_scale  # dequantise through the scores: K stays in its dtype
-            s = tl.where(valid[None, :], _scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
-            v = _v_tile(k, v_head_ptr, page, slot, valid, offs_dv, mask_dv, STRIDE_VP, STRIDE_VS, V_FROM_K)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # see _decode_stage1_mha
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            v_rows = v_head_ptr + page * STRIDE_VP + slot * STRIDE_VS
+            v = tl.load(v_rows[:, None] + offs_dv[None, :], mask=valid[:, None] & mask_dv[None, :], other=0.0)
+            v = v.to(q.dtype)
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # see _decode_stage1_mha
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
+        l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
-    if TOKEN_ROWS:
-        acc = tl.trans(acc_t)
     has_tokens = l_i > 0
     l_safe = tl.where(has_tokens, l_i, 1.0)
     lse = tl.where(has_tokens, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))

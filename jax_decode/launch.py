@@ -191,7 +191,6 @@ class LaunchConfig:
     num_stages: int
     num_kv_splits: int
     stage2_num_warps: int
-    token_rows: bool = False  # grouped: tokens as the dots' rows (see kernels' TOKEN_ROWS)
 
     @property
     def stage1_grid(self) -> tuple[int, int, int]:
@@ -261,7 +260,6 @@ class LaunchConfig:
                 # fp32 tl.dot would otherwise round its inputs to tf32.
                 DOT_PRECISION="ieee" if p.dtype == "float32" else "tf32",
                 DOT_UPCAST=self.device.vendor == "cpu" and p.dtype == "bfloat16",
-                TOKEN_ROWS=self.token_rows,
             )
         return KernelLaunch(self.variant, self.stage1_grid, self.num_warps, self.num_stages, tuple(meta.items()))
 
