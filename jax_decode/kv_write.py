@@ -75,20 +75,18 @@ def _write_xla(cache, new, slots, scale, num_slots: int):
 
 
 def _write_triton(cache, new, slots, scale, scale_mode: int, num_tokens: int, num_slots: int):
-    jt = triton_backend.import_jax_triton()
     launch = _launch(cache, num_tokens, scale_mode)
     device = triton_backend.target_device()
     check_cache_dtype_on_device(jnp.dtype(cache.dtype).name, device)
-    options = {} if device.compute_capability is None else {"compute_capability": device.compute_capability}
-    return jt.triton_call(
+    return triton_backend.triton_call(
         new, slots, slots if scale is None else scale, num_slots, cache,
         kernel=kernels.WRITE_CACHE_KERNEL,
+        out_types=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
+        device=device,
         grid=launch.grid,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
         input_output_aliases={3: 0},  # array operands: new, slots, scale, cache -> output 0
-        **{triton_backend.out_shape_keyword(): jax.ShapeDtypeStruct(cache.shape, cache.dtype)},
-        **options,
         **launch.meta(),
     )  # fmt: skip
 

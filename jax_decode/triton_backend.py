@@ -11,7 +11,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jax_decode import kernels
+from jax_decode import ffi_target, kernels
 from jax_decode.launch import DeviceInfo, LaunchConfig, stage1_scales
 
 _COMPILE_TARGET: contextvars.ContextVar[DeviceInfo | None] = contextvars.ContextVar(
@@ -52,6 +52,19 @@ def out_shape_keyword() -> str:
     return "out_type" if "out_type" in params else "out_shape"
 
 
+def triton_call(*args, kernel, out_types, device: DeviceInfo, **launch):
+    """``jax_triton.triton_call`` as every kernel of ours is launched from JAX: outputs
+    under the keyword this jax_triton version takes, compiled for ``device``, lowered to
+    jaxlib's typed-FFI handler where available (``ffi_target``)."""
+    jt = import_jax_triton()
+    target = ffi_target.install(jt)
+    if target != ffi_target.LEGACY_TARGET:
+        launch["custom_call_target_name"] = target
+    if device.compute_capability is not None:
+        launch["compute_capability"] = device.compute_capability
+    return jt.triton_call(*args, kernel=kernel, **{out_shape_keyword(): out_types}, **launch)
+
+
 @contextlib.contextmanager
 def compile_target(device: DeviceInfo):
     """Compile the triton backend for ``device`` instead of the visible GPU.
@@ -88,16 +101,11 @@ def decode_attention_triton(
     q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, config: LaunchConfig
 ):  # fmt: skip
     """Stage 1 and stage 2 through triton_call; returns (out, lse)."""
-    jt = import_jax_triton()
     p = config.problem
     strides = config.contiguous_strides()
-    compile_options = {}
-    if config.device.compute_capability is not None:
-        compile_options["compute_capability"] = config.device.compute_capability
-
     stage1 = config.stage1(strides)
     k_scale, v_scale = stage1_scales(k_scale, v_scale, seq_lens, p.v_from_k)
-    mid_o, mid_lse = jt.triton_call(
+    mid_o, mid_lse = triton_call(
         q,
         k_cache,
         k_cache if p.v_from_k else v_cache,
@@ -107,34 +115,29 @@ def decode_attention_triton(
         v_scale,
         p.num_pages,
         kernel=kernels.STAGE1_KERNELS[stage1.kernel_name],
+        out_types=(
+            jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
+            jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
+        ),
+        device=config.device,
         grid=stage1.grid,
         num_warps=stage1.num_warps,
         num_stages=stage1.num_stages,
-        **{
-            out_shape_keyword(): (
-                jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
-                jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
-            )
-        },
-        **compile_options,
         **stage1.meta(),
     )
     stage2 = config.stage2(strides)
-    out, lse = jt.triton_call(
+    return triton_call(
         mid_o,
         mid_lse,
         mid_lse if sinks is None else sinks,  # a placeholder when there are no sinks
         kernel=kernels.STAGE2_KERNEL,
+        out_types=(
+            jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), q.dtype),
+            jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
+        ),
+        device=config.device,
         grid=stage2.grid,
         num_warps=stage2.num_warps,
         num_stages=stage2.num_stages,
-        **{
-            out_shape_keyword(): (
-                jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), q.dtype),
-                jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
-            )
-        },
-        **compile_options,
         **stage2.meta(),
     )
-    return out, lse
