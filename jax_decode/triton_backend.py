@@ -11,7 +11,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jax_decode import ffi_target, kernels
+from jax_decode import kernels
 from jax_decode.launch import DeviceInfo, LaunchConfig, stage1_scales
 
 _COMPILE_TARGET: contextvars.ContextVar[DeviceInfo | None] = contextvars.ContextVar(
@@ -54,12 +54,8 @@ def out_shape_keyword() -> str:
 
 def triton_call(*args, kernel, out_types, device: DeviceInfo, **launch):
     """``jax_triton.triton_call`` as every kernel of ours is launched from JAX: outputs
-    under the keyword this jax_triton version takes, compiled for ``device``, lowered to
-    jaxlib's typed-FFI handler where available (``ffi_target``)."""
+    under the keyword this jax_triton version takes, compiled for ``device``."""
     jt = import_jax_triton()
-    target = ffi_target.install(jt)
-    if target != ffi_target.LEGACY_TARGET:
-        launch["custom_call_target_name"] = target
     if device.compute_capability is not None:
         launch["compute_capability"] = device.compute_capability
     return jt.triton_call(*args, kernel=kernel, **{out_shape_keyword(): out_types}, **launch)

@@ -8,14 +8,12 @@ plugin (installed with --no-deps: its runtime is not needed to lower).
 from __future__ import annotations
 
 import os
-import re
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import jax_decode
-from jax_decode import ffi_target, triton_backend
 from jax_decode.triton_backend import jax_triton_available
 
 if not jax_triton_available():
@@ -164,36 +162,3 @@ def test_e4m3_cache_is_refused_before_sm89():
         # float8_e5m2 compiles there.
         e5m2 = jax.ShapeDtypeStruct(k.shape, jnp.float8_e5m2)
         jax.jit(step).trace(q, e5m2, e5m2, pt, sl).lower(lowering_platforms=("cuda",))
-
-
-def _custom_call_targets(text: str) -> list[str]:
-    return re.findall(r"stablehlo\.custom_call @(\w+)", text)
-
-
-@pytest.mark.skipif(
-    ffi_target.install(triton_backend.import_jax_triton()) != ffi_target.FFI_MARKER,
-    reason="this jax_triton lowers to the FFI handler itself, or this jaxlib has none",
-)
-def test_our_kernels_lower_to_the_typed_ffi_handler_and_other_calls_keep_theirs():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def add_one(x_ptr, out_ptr, N: tl.constexpr):
-        offs = tl.arange(0, N)
-        tl.store(out_ptr + offs, tl.load(x_ptr + offs) + 1.0)
-
-    jt = triton_backend.import_jax_triton()
-    x = jax.ShapeDtypeStruct((16,), jnp.float32)
-
-    def foreign(x):  # a triton_call that is not ours: jax_triton's lowering, untouched
-        return jt.triton_call(
-            x, kernel=add_one, grid=(1,), N=16, compute_capability=90,
-            **{triton_backend.out_shape_keyword(): jax.ShapeDtypeStruct((16,), jnp.float32)},
-        )  # fmt: skip
-
-    foreign_text = jax.jit(foreign).trace(x).lower(lowering_platforms=("cuda",)).as_text()
-    assert _custom_call_targets(foreign_text) == [ffi_target.LEGACY_TARGET]
-    ours = _lower("gqa_bf16", 90, "triton", "cuda")
-    assert _custom_call_targets(ours) == [ffi_target.FFI_TARGET] * 2
-    assert "api_version = 4" in ours and "backend_config = {opaque = " in ours
