@@ -382,6 +382,11 @@ def shared_memory_budget(device: DeviceInfo) -> int:
     return 88 * 1024  # 99 KB on sm_86 / sm_89; 96+ KB on older parts
 
 
+def _wide_heads(block_dmodel: int, block_dpe: int) -> bool:
+    """K heads of WIDE_HEAD_DIM or more (MQA d256, MLA's 576): 3 stages, maybe 8 warps."""
+    return block_dmodel + block_dpe >= WIDE_HEAD_DIM
+
+
 def _grouped_blocks(p: DecodeProblem, device: DeviceInfo, block_dmodel: int, block_dpe: int, block_dv: int):
     """(BLOCK_N, num_stages) of the grouped kernel: 64 tokens and 2 stages, which the
     H200 sweep found best for GQA, and 3 stages for wide heads (MQA d256, MLA), where
@@ -394,7 +399,7 @@ def _grouped_blocks(p: DecodeProblem, device: DeviceInfo, block_dmodel: int, blo
     """
     cache_itemsize = itemsize(p.cache_dtype)
     row_bytes = (block_dmodel + block_dpe + (0 if p.v_from_k else block_dv)) * cache_itemsize
-    block_n, stages = 64, (3 if block_dmodel + block_dpe >= WIDE_HEAD_DIM else 2)
+    block_n, stages = 64, (3 if _wide_heads(block_dmodel, block_dpe) else 2)
     if cache_itemsize == 1 and block_dmodel + block_dpe <= 128:
         block_n, stages = 128, 3
     budget = shared_memory_budget(device)
@@ -451,8 +456,7 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         # every tile and of the accumulator (H200: 1-4% faster).  An fp8 tile is half
         # as large and faster with 4 (d256: 19 vs 27 us), and so is MLA, whose 576-wide
         # latent with many heads per program is dot-bound (128 heads: 329 vs 474 us).
-        wide = block_dmodel + block_dpe >= WIDE_HEAD_DIM
-        num_warps = 8 if wide and not p.v_from_k and itemsize(p.cache_dtype) >= 2 else 4
+        num_warps = 8 if _wide_heads(block_dmodel, block_dpe) and not p.v_from_k and itemsize(p.cache_dtype) >= 2 else 4
         programs_per_split = p.batch * p.num_kv_heads * head_blocks
 
     if num_kv_splits is None:
