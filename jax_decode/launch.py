@@ -29,6 +29,11 @@ MIN_BLOCKS_PER_SPLIT = 4
 PROGRAMS_PER_SM = 4
 # ... and at no program walking more tokens than this.
 MAX_TOKENS_PER_SPLIT = 1024
+# Once the grid fills the GPU, each split reads at least this many times the bytes of the
+# partial result it writes (float32 [heads, head_dim_v]; stage 2 reads it back).
+MIN_KV_BYTES_PER_PARTIAL_BYTE = 32
+# Stage 2 loads this many partial-output floats per step (chunks of splits).
+STAGE2_CHUNK_FLOATS = 4096
 # Stage 1 puts the batch on grid axis 1, which CUDA limits to 65535.
 MAX_BATCH = 65535
 # tl.dot needs at least 16 along each dimension.
@@ -278,10 +283,17 @@ class LaunchConfig:
             HEAD_DIM_V=self.problem.head_dim_v,
             BLOCK_DV=self.block_dv,
             BLOCK_S=next_power_of_2(self.num_kv_splits),
+            SPLIT_CHUNK=self.stage2_split_chunk,
             NUM_KV_SPLITS=self.num_kv_splits,
             HAS_SINKS=self.problem.has_sinks,
         )
         return KernelLaunch("stage2", self.stage2_grid, self.stage2_num_warps, 1, tuple(meta.items()))
+
+    @property
+    def stage2_split_chunk(self) -> int:
+        """Splits stage 2 loads at once: up to STAGE2_CHUNK_FLOATS partial-output floats
+        (64 per thread of its smallest launch, 2 warps)."""
+        return max(1, min(next_power_of_2(self.num_kv_splits), STAGE2_CHUNK_FLOATS // self.block_dv))
 
     @property
     def reuse_k_as_v(self) -> bool:
@@ -356,18 +368,30 @@ def split_head_dim(head_dim: int) -> tuple[int, int]:
     return 2 * main, 0
 
 
-def choose_num_kv_splits(problem: DecodeProblem, device: DeviceInfo, programs_per_split: int, block_n: int) -> int:
+def choose_num_kv_splits(
+    problem: DecodeProblem, device: DeviceInfo, programs_per_split: int, block_n: int, heads_per_program: int
+) -> int:
     """Splits that keep every SM busy and no program's walk too long.
 
     Measured on an H200 (docs/performance.md): bandwidth peaks near
     ``PROGRAMS_PER_SM`` programs per SM, and rows walked by one program in long
     sequential loops lose to shorter splits even when the grid is already full (the
-    last wave runs with idle SMs).  The merge in stage 2 bounds the useful count.
+    last wave runs with idle SMs).  The merge in stage 2 bounds the useful count, and
+    so does the partial results' traffic: each split writes float32 ``[heads,
+    head_dim_v]`` that stage 2 reads back, which for MLA (16 heads x 512 per 1152-byte
+    token) is 12% of the KV bytes at 9 splits of 4096 tokens (H200: 106.8 us; 4
+    splits: 101.1).  Past the split count that fills the SMs once, a split must read
+    ``MIN_KV_BYTES_PER_PARTIAL_BYTE`` times what it writes.
     """
+    p = problem
     wanted = cdiv(PROGRAMS_PER_SM * device.num_sms, max(programs_per_split, 1))
-    short_walks = cdiv(problem.max_attended, MAX_TOKENS_PER_SPLIT)
-    most_useful = max(1, cdiv(problem.max_attended, block_n * MIN_BLOCKS_PER_SPLIT))
-    return max(1, min(max(wanted, short_walks), most_useful, MAX_AUTO_KV_SPLITS))
+    short_walks = cdiv(p.max_attended, MAX_TOKENS_PER_SPLIT)
+    most_useful = max(1, cdiv(p.max_attended, block_n * MIN_BLOCKS_PER_SPLIT))
+    token_bytes = (p.head_dim_qk + (0 if p.v_from_k else p.head_dim_v)) * itemsize(p.cache_dtype)
+    partial_bytes = heads_per_program * p.head_dim_v * 4
+    light_partials = p.max_attended * token_bytes // (MIN_KV_BYTES_PER_PARTIAL_BYTE * partial_bytes)
+    fill_once = cdiv(device.num_sms, max(programs_per_split, 1))
+    return max(1, min(max(wanted, short_walks), most_useful, max(light_partials, fill_once), MAX_AUTO_KV_SPLITS))
 
 
 def shared_memory_budget(device: DeviceInfo) -> int:
@@ -460,7 +484,8 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         programs_per_split = p.batch * p.num_kv_heads * head_blocks
 
     if num_kv_splits is None:
-        num_kv_splits = choose_num_kv_splits(p, device, programs_per_split, block_n)
+        heads_per_program = 1 if variant == "mha" else min(block_h, p.kv_group)
+        num_kv_splits = choose_num_kv_splits(p, device, programs_per_split, block_n, heads_per_program)
 
     return LaunchConfig(
         problem=p,

@@ -42,3 +42,32 @@ def test_cli_lists_shapes_and_refuses_to_time_without_a_gpu():
     assert listed.stdout.count("float16") == len(bench.default_suite()) - 1
     bad = subprocess.run([sys.executable, "-m", "jax_decode.bench", "--impls", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown implementations" in bad.stderr
+
+
+def test_gpu_span_covers_the_kernels_and_not_the_host():
+    """The JAX device time is the profiler's kernel span: it must cover kernels the GPU is
+    known to spend time on, and leave out host time spent between them."""
+    import time
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.randn(4096, 4096, device="cuda")
+    x @ x  # warm up cuBLAS
+    torch.cuda.synchronize()
+
+    def run():
+        y = x @ x
+        time.sleep(0.05)  # host time after the first kernel was queued: inside the span only if it waited
+        torch.cuda.synchronize()
+        y @ y
+        torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    span = bench.gpu_span_ms(run)
+    wall = (time.perf_counter() - start) * 1e3
+    # Two 4096^3 matmuls take well over 0.05 ms; the span covers both and the host
+    # sleep between them (kernels, then the gap), but not the profiler's own setup.
+    assert 50.0 < span < wall

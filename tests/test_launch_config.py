@@ -104,6 +104,23 @@ def test_auto_splits_fill_the_device_within_bounds():
         assert 1 <= cfg.num_kv_splits <= MAX_AUTO_KV_SPLITS
 
 
+def test_auto_splits_keep_partial_results_light_once_the_device_is_full():
+    def mla(batch, pages, page_size=1):
+        return problem(batch=batch, num_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
+                       v_from_k=True, page_size=page_size, max_pages=pages, num_pages=batch * pages)  # fmt: skip
+
+    # 64 rows of 4096 tokens: 4 x 132 SMs would want 9 splits, but each split of a row then
+    # writes 16 x 512 float32 (32 KB) per 455 tokens x 1152 bytes; 4 splits keep the
+    # partials under 1/32 of the KV bytes, and 64 x 4 programs still fill the SMs.
+    assert make_launch_config(mla(64, 4096), H200).num_kv_splits == 4
+    # One row: the partials are small next to an idle GPU; fill it as before.
+    assert make_launch_config(mla(1, 4096), H200).num_kv_splits == 16
+    # 128 rows of 2048: the cap (2) still fills all 132 SMs once (256 programs).
+    assert make_launch_config(mla(128, 2048), H200).num_kv_splits == 2
+    # GQA rows write 4 heads x 128 per split: far under the cap, nothing changes.
+    assert make_launch_config(problem(), H200).num_kv_splits == 4
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("cc", [80, 86, 90])
 def test_pipelined_tiles_fit_shared_memory(dtype, cc):
