@@ -408,7 +408,6 @@ def _decode_stage2(
     HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr,  # splits merged per step (a power of two <= BLOCK_S)
     NUM_KV_SPLITS: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
@@ -436,18 +435,9 @@ def _decode_stage2(
 
     o_row = mid_o_ptr + batch_idx * STRIDE_MOB + head * STRIDE_MOH
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    # SPLIT_CHUNK splits' partial outputs per load: one split at a time, the loads were
-    # a chain of NUM_KV_SPLITS dependent round trips to memory.
-    for first in range(0, NUM_KV_SPLITS, SPLIT_CHUNK):
-        offs_c = first + tl.arange(0, SPLIT_CHUNK)
-        in_chunk = offs_c < NUM_KV_SPLITS
-        weight = tl.exp(tl.load(lse_row + offs_c * STRIDE_MLS, mask=in_chunk, other=float("-inf")) - m_safe)
-        o = tl.load(
-            o_row + offs_c[:, None] * STRIDE_MOS + offs_dv[None, :],
-            mask=in_chunk[:, None] & mask_dv[None, :],
-            other=0.0,
-        )
-        acc += tl.sum(weight[:, None] * o, 0)
+    for split_idx in range(NUM_KV_SPLITS):
+        weight = tl.exp(tl.load(lse_row + split_idx * STRIDE_MLS) - m_safe)
+        acc += weight * tl.load(o_row + split_idx * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
 
     has_tokens = denom > 0
     out = acc / tl.where(has_tokens, denom, 1.0)

@@ -29,11 +29,9 @@ MIN_BLOCKS_PER_SPLIT = 4
 PROGRAMS_PER_SM = 4
 # ... and at no program walking more tokens than this.
 MAX_TOKENS_PER_SPLIT = 1024
-# Once the grid fills the GPU, each split reads at least this many times the bytes of the
-# partial result it writes (float32 [heads, head_dim_v]; stage 2 reads it back).
-MIN_KV_BYTES_PER_PARTIAL_BYTE = 32
-# Stage 2 loads this many partial-output floats per step (chunks of splits).
-STAGE2_CHUNK_FLOATS = 4096
+# Grouped programs over wide heads (d256, MLA) resident on one SM: registers and
+# shared memory allow two (H200; benchmarks/kernel_resources.py).
+WIDE_HEAD_PROGRAMS_PER_SM = 2
 # Stage 1 puts the batch on grid axis 1, which CUDA limits to 65535.
 MAX_BATCH = 65535
 # tl.dot needs at least 16 along each dimension.
@@ -283,17 +281,10 @@ class LaunchConfig:
             HEAD_DIM_V=self.problem.head_dim_v,
             BLOCK_DV=self.block_dv,
             BLOCK_S=next_power_of_2(self.num_kv_splits),
-            SPLIT_CHUNK=self.stage2_split_chunk,
             NUM_KV_SPLITS=self.num_kv_splits,
             HAS_SINKS=self.problem.has_sinks,
         )
         return KernelLaunch("stage2", self.stage2_grid, self.stage2_num_warps, 1, tuple(meta.items()))
-
-    @property
-    def stage2_split_chunk(self) -> int:
-        """Splits stage 2 loads at once: up to STAGE2_CHUNK_FLOATS partial-output floats
-        (64 per thread of its smallest launch, 2 warps)."""
-        return max(1, min(next_power_of_2(self.num_kv_splits), STAGE2_CHUNK_FLOATS // self.block_dv))
 
     @property
     def reuse_k_as_v(self) -> bool:
@@ -369,29 +360,55 @@ def split_head_dim(head_dim: int) -> tuple[int, int]:
 
 
 def choose_num_kv_splits(
-    problem: DecodeProblem, device: DeviceInfo, programs_per_split: int, block_n: int, heads_per_program: int
+    problem: DecodeProblem,
+    device: DeviceInfo,
+    programs_per_split: int,
+    block_n: int,
+    heads_per_program: int,
+    wide_heads: bool,
 ) -> int:
     """Splits that keep every SM busy and no program's walk too long.
 
     Measured on an H200 (docs/performance.md): bandwidth peaks near
     ``PROGRAMS_PER_SM`` programs per SM, and rows walked by one program in long
     sequential loops lose to shorter splits even when the grid is already full (the
-    last wave runs with idle SMs).  The merge in stage 2 bounds the useful count, and
-    so does the partial results' traffic: each split writes float32 ``[heads,
-    head_dim_v]`` that stage 2 reads back, which for MLA (16 heads x 512 per 1152-byte
-    token) is 12% of the KV bytes at 9 splits of 4096 tokens (H200: 106.8 us; 4
-    splits: 101.1).  Past the split count that fills the SMs once, a split must read
-    ``MIN_KV_BYTES_PER_PARTIAL_BYTE`` times what it writes.
+    last wave runs with idle SMs).  The merge in stage 2 bounds the useful count.
+
+    Wide heads (d256, MLA's 576) then take the count up to that one which the
+    :func:`wide_split_cost` model finds fastest: only two such programs fit an SM, so
+    a grid just past a whole wave runs a nearly idle extra wave, and every split's
+    partial result (float32 ``[heads, head_dim_v]``, 32 KB for MLA) is written and
+    read back once more.
     """
     p = problem
-    wanted = cdiv(PROGRAMS_PER_SM * device.num_sms, max(programs_per_split, 1))
+    pps = max(programs_per_split, 1)
+    wanted = cdiv(PROGRAMS_PER_SM * device.num_sms, pps)
     short_walks = cdiv(p.max_attended, MAX_TOKENS_PER_SPLIT)
     most_useful = max(1, cdiv(p.max_attended, block_n * MIN_BLOCKS_PER_SPLIT))
+    splits = max(1, min(max(wanted, short_walks), most_useful, MAX_AUTO_KV_SPLITS))
+    if not wide_heads:
+        return splits
+    slots = device.num_sms * WIDE_HEAD_PROGRAMS_PER_SM
+    return min(range(1, splits + 1), key=lambda s: (wide_split_cost(p, pps, heads_per_program, slots, s), s))
+
+
+def wide_split_cost(problem: DecodeProblem, programs_per_split: int, heads_per_program: int, slots: int, splits: int):
+    """Relative time of stage 1 + 2 with ``splits`` splits, for programs of which ``slots``
+    run at once: whole waves of equal programs, each reading its share of a row's KV
+    bytes and writing its partial result, which stage 2 reads back over all slots.
+
+    On the H200 its cheapest count was the fastest measured for each MLA shape timed
+    (b64 ctx4k: 4 splits 101.1 us, 8 splits 106.6, 9 splits 108.7, 3 splits 120.9, 5
+    splits 137.6; b32 ctx8k: 8 splits 97.8, 17 splits 107.0, 9 splits 122.4; more in
+    tests/test_launch_config.py).  It overprices a partly filled last wave, whose
+    programs share the bandwidth among fewer (it puts 3 splits of b64 ahead of 9).
+    """
+    p = problem
     token_bytes = (p.head_dim_qk + (0 if p.v_from_k else p.head_dim_v)) * itemsize(p.cache_dtype)
     partial_bytes = heads_per_program * p.head_dim_v * 4
-    light_partials = p.max_attended * token_bytes // (MIN_KV_BYTES_PER_PARTIAL_BYTE * partial_bytes)
-    fill_once = cdiv(device.num_sms, max(programs_per_split, 1))
-    return max(1, min(max(wanted, short_walks), most_useful, max(light_partials, fill_once), MAX_AUTO_KV_SPLITS))
+    programs = programs_per_split * splits
+    per_program = p.max_attended * token_bytes / splits + partial_bytes
+    return cdiv(programs, slots) * per_program + programs * partial_bytes / slots
 
 
 def shared_memory_budget(device: DeviceInfo) -> int:
@@ -485,7 +502,8 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
 
     if num_kv_splits is None:
         heads_per_program = 1 if variant == "mha" else min(block_h, p.kv_group)
-        num_kv_splits = choose_num_kv_splits(p, device, programs_per_split, block_n, heads_per_program)
+        wide = variant == "grouped" and _wide_heads(block_dmodel, block_dpe)
+        num_kv_splits = choose_num_kv_splits(p, device, programs_per_split, block_n, heads_per_program, wide)
 
     return LaunchConfig(
         problem=p,

@@ -14,6 +14,7 @@ from jax_decode.launch import (
     make_launch_config,
     shared_memory_budget,
     split_head_dim,
+    wide_split_cost,
 )
 
 H200 = DeviceInfo(vendor="nvidia", compute_capability=90, num_sms=132)
@@ -104,21 +105,44 @@ def test_auto_splits_fill_the_device_within_bounds():
         assert 1 <= cfg.num_kv_splits <= MAX_AUTO_KV_SPLITS
 
 
-def test_auto_splits_keep_partial_results_light_once_the_device_is_full():
-    def mla(batch, pages, page_size=1):
-        return problem(batch=batch, num_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
-                       v_from_k=True, page_size=page_size, max_pages=pages, num_pages=batch * pages)  # fmt: skip
+def _mla(batch, pages, page_size=1, heads=16):
+    return problem(batch=batch, num_heads=heads, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
+                   v_from_k=True, page_size=page_size, max_pages=pages, num_pages=batch * pages)  # fmt: skip
 
-    # 64 rows of 4096 tokens: 4 x 132 SMs would want 9 splits, but each split of a row then
-    # writes 16 x 512 float32 (32 KB) per 455 tokens x 1152 bytes; 4 splits keep the
-    # partials under 1/32 of the KV bytes, and 64 x 4 programs still fill the SMs.
-    assert make_launch_config(mla(64, 4096), H200).num_kv_splits == 4
-    # One row: the partials are small next to an idle GPU; fill it as before.
-    assert make_launch_config(mla(1, 4096), H200).num_kv_splits == 16
-    # 128 rows of 2048: the cap (2) still fills all 132 SMs once (256 programs).
-    assert make_launch_config(mla(128, 2048), H200).num_kv_splits == 2
-    # GQA rows write 4 heads x 128 per split: far under the cap, nothing changes.
+
+def test_wide_head_splits_fill_whole_waves_and_keep_partials_light():
+    # 64 MLA rows of 4096 tokens: 4 x 132 SMs would want 9 splits (576 programs, 2.2 waves
+    # of the 264 that fit); 4 splits are one wave, and their partial results (32 KB per
+    # split) a quarter as many.  The H200 agreed: 101.1 us against 108.7.
+    assert make_launch_config(_mla(64, 4096), H200).num_kv_splits == 4
+    # 32 rows of 8192 tokens: 8 splits (256 programs), not 9 (288: a second wave of 24).
+    assert make_launch_config(_mla(32, 512, page_size=16), H200).num_kv_splits == 8
+    # One row: nothing fills the GPU; as many splits as are useful, as before.
+    assert make_launch_config(_mla(1, 4096), H200).num_kv_splits == 16
+    # Narrow heads keep the rule measured for them.
     assert make_launch_config(problem(), H200).num_kv_splits == 4
+
+
+# H200 device times (us, docs/performance.md) of MLA 16 heads / 576 / 512 by split count.
+MLA_SPLIT_TIMES = {
+    (64, 4096, 1): {4: 101.1, 8: 106.6, 9: 108.7, 3: 120.9, 5: 137.6},
+    (32, 512, 16): {8: 97.8, 17: 107.0, 9: 122.4},
+    (128, 2048, 1): {2: 102.3, 4: 106.7, 5: 114.5},
+    (8, 512, 64): {33: 100.3, 64: 114.1, 36: 146.4},
+}
+
+
+@pytest.mark.parametrize("batch, pages, page_size", list(MLA_SPLIT_TIMES))
+def test_wide_split_cost_picks_the_split_count_the_h200_found_fastest(batch, pages, page_size):
+    """The model behind the wide-head rule, against measured times.  It finds the fastest
+    count every time and orders the rest as measured, except that it ranks 3 splits of
+    the first shape (121 us) ahead of 9 (109 us): a partly filled last wave runs faster
+    per program than the model's whole wave."""
+    times = MLA_SPLIT_TIMES[batch, pages, page_size]
+    p = _mla(batch, pages, page_size)
+    cost = {s: wide_split_cost(p, batch, heads_per_program=16, slots=264, splits=s) for s in times}
+    assert min(cost, key=cost.get) == min(times, key=times.get)
+    assert make_launch_config(p, H200).num_kv_splits == min(times, key=times.get)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
