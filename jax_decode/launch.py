@@ -374,8 +374,8 @@ def choose_num_kv_splits(
     sequential loops lose to shorter splits even when the grid is already full (the
     last wave runs with idle SMs).  The merge in stage 2 bounds the useful count.
 
-    Wide heads (d256, MLA's 576) then take the count up to that one which the
-    :func:`wide_split_cost` model finds fastest: only two such programs fit an SM, so
+    Wide heads (d256, MLA's 576) then take, of the counts up to that one, the one the
+    :func:`wide_split_cost` model finds cheapest: only two such programs fit an SM, so
     a grid just past a whole wave runs a nearly idle extra wave, and every split's
     partial result (float32 ``[heads, head_dim_v]``, 32 KB for MLA) is written and
     read back once more.
@@ -392,7 +392,9 @@ def choose_num_kv_splits(
     return min(range(1, splits + 1), key=lambda s: (wide_split_cost(p, pps, heads_per_program, slots, s), s))
 
 
-def wide_split_cost(problem: DecodeProblem, programs_per_split: int, heads_per_program: int, slots: int, splits: int):
+def wide_split_cost(
+    problem: DecodeProblem, programs_per_split: int, heads_per_program: int, slots: int, splits: int
+) -> float:
     """Relative time of stage 1 + 2 with ``splits`` splits, for programs of which ``slots``
     run at once: whole waves of equal programs, each reading its share of a row's KV
     bytes and writing its partial result, which stage 2 reads back over all slots.
