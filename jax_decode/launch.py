@@ -487,6 +487,7 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         block_n = max(16, min(128, 16384 // max(block_dmodel + block_dpe, block_dv)))
         num_warps, num_stages = 4, 2
         programs_per_split = p.batch * p.num_heads
+        wide = False  # the split rule's wide-head model is the grouped kernel's
     else:
         variant = "grouped"
         # Fit the head block to the group (one KV read serves every head of it), but
@@ -499,12 +500,12 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         # every tile and of the accumulator (H200: 1-4% faster).  An fp8 tile is half
         # as large and faster with 4 (d256: 19 vs 27 us), and so is MLA, whose 576-wide
         # latent with many heads per program is dot-bound (128 heads: 329 vs 474 us).
-        num_warps = 8 if _wide_heads(block_dmodel, block_dpe) and not p.v_from_k and itemsize(p.cache_dtype) >= 2 else 4
+        wide = _wide_heads(block_dmodel, block_dpe)
+        num_warps = 8 if wide and not p.v_from_k and itemsize(p.cache_dtype) >= 2 else 4
         programs_per_split = p.batch * p.num_kv_heads * head_blocks
 
     if num_kv_splits is None:
-        heads_per_program = 1 if variant == "mha" else min(block_h, p.kv_group)
-        wide = variant == "grouped" and _wide_heads(block_dmodel, block_dpe)
+        heads_per_program = min(block_h, p.kv_group)  # heads whose partials a program writes
         num_kv_splits = choose_num_kv_splits(p, device, programs_per_split, block_n, heads_per_program, wide)
 
     return LaunchConfig(
