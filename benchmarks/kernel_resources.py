@@ -66,13 +66,9 @@ def _stage1_source(config):
         "seq_lens_ptr": "*i32",
         "k_scale_ptr": "*fp32",
         "v_scale_ptr": "*fp32",
-        "sinks_ptr": "*fp32",
         "num_pages": "i32",
         "mid_o_ptr": "*fp32",
         "mid_lse_ptr": "*fp32",
-        "counters_ptr": "*i32",
-        "out_ptr": "*" + q_type,
-        "lse_ptr": "*fp32",
     }
     signature = {name: runtime.get(name, "constexpr") for name in fn.arg_names}
     # Every buffer is 16-byte aligned in both frontends (Triton specialises on it).

@@ -134,18 +134,6 @@ def _token_pages(page_row_ptr, offs_n, end, num_pages, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
-def _finished_last(counter_ptr, NUM_KV_SPLITS: tl.constexpr):
-    """Count this program's split as finished; true for the row's last one to finish.
-
-    The barrier orders every thread's partial-result stores before the counter's
-    release; the acquire makes the other splits' stores visible to the merge.
-    """
-    tl.debug_barrier()
-    finished_before = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    return finished_before == NUM_KV_SPLITS - 1
-
-
-@triton.jit
 def _decode_stage1_mha(
     q_ptr,  # [batch, num_heads, head_dim_qk]
     k_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_qk]
@@ -154,13 +142,9 @@ def _decode_stage1_mha(
     seq_lens_ptr,  # int32 [batch]
     k_scale_ptr,  # f32 [1] or [num_kv_heads]: K dequantisation scale (read if K_SCALE)
     v_scale_ptr,  # f32 [1] or [num_kv_heads]: V dequantisation scale (read if V_SCALE)
-    sinks_ptr,  # f32 [num_heads]: per-head sink logits (read if HAS_SINKS and FUSED_MERGE)
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
     mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
     mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
-    counters_ptr,  # int32 [batch, grid axis 0], zeroed: splits finished per row (FUSED_MERGE)
-    out_ptr,  # [batch, num_heads, head_dim_v], q's dtype (written if FUSED_MERGE)
-    lse_ptr,  # f32 [batch, num_heads], natural log (written if FUSED_MERGE)
     STRIDE_QB: tl.constexpr,
     STRIDE_QH: tl.constexpr,
     STRIDE_KP: tl.constexpr,
@@ -176,10 +160,6 @@ def _decode_stage1_mha(
     STRIDE_MLB: tl.constexpr,
     STRIDE_MLH: tl.constexpr,
     STRIDE_MLS: tl.constexpr,
-    STRIDE_OB: tl.constexpr,
-    STRIDE_OH: tl.constexpr,
-    STRIDE_LB: tl.constexpr,
-    STRIDE_LH: tl.constexpr,
     SM_SCALE: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     K_SCALE: tl.constexpr,  # 0: none; 1: one per tensor; 2: one per KV head
@@ -195,9 +175,6 @@ def _decode_stage1_mha(
     PAGE_SIZE: tl.constexpr,
     CAPACITY: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,  # the row's last split to finish merges (no stage-2 kernel)
 ):
     """One query head per program: q.k by multiply-and-reduce (no tensor cores needed)."""
     # Heads on the fastest grid axis: programs launched together read neighbouring
@@ -265,15 +242,6 @@ def _decode_stage1_mha(
     mid_row = batch_idx * STRIDE_MOB + head * STRIDE_MOH + split_idx * STRIDE_MOS
     tl.store(mid_o_ptr + mid_row + offs_dv, o, mask=mask_dv)
     tl.store(mid_lse_ptr + batch_idx * STRIDE_MLB + head * STRIDE_MLH + split_idx * STRIDE_MLS, lse)
-    if FUSED_MERGE:
-        if _finished_last(counters_ptr + batch_idx * tl.num_programs(0) + head, NUM_KV_SPLITS):
-            heads = head + tl.arange(0, 1)
-            _merge_splits(
-                mid_o_ptr, mid_lse_ptr, sinks_ptr, out_ptr, lse_ptr, batch_idx, heads, heads >= 0,
-                STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS,
-                STRIDE_OB, STRIDE_OH, STRIDE_LB, STRIDE_LH,
-                HEAD_DIM_V, 1, BLOCK_DV, BLOCK_S, NUM_KV_SPLITS, HAS_SINKS,
-            )  # fmt: skip
 
 
 @triton.jit
@@ -285,13 +253,9 @@ def _decode_stage1_grouped(
     seq_lens_ptr,  # int32 [batch]
     k_scale_ptr,  # f32 [1] or [num_kv_heads]: K dequantisation scale (read if K_SCALE)
     v_scale_ptr,  # f32 [1] or [num_kv_heads]: V dequantisation scale (read if V_SCALE)
-    sinks_ptr,  # f32 [num_heads]: per-head sink logits (read if HAS_SINKS and FUSED_MERGE)
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
     mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
     mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
-    counters_ptr,  # int32 [batch, grid axis 0], zeroed: splits finished per row (FUSED_MERGE)
-    out_ptr,  # [batch, num_heads, head_dim_v], q's dtype (written if FUSED_MERGE)
-    lse_ptr,  # f32 [batch, num_heads], natural log (written if FUSED_MERGE)
     STRIDE_QB: tl.constexpr,
     STRIDE_QH: tl.constexpr,
     STRIDE_KP: tl.constexpr,
@@ -307,10 +271,6 @@ def _decode_stage1_grouped(
     STRIDE_MLB: tl.constexpr,
     STRIDE_MLH: tl.constexpr,
     STRIDE_MLS: tl.constexpr,
-    STRIDE_OB: tl.constexpr,
-    STRIDE_OH: tl.constexpr,
-    STRIDE_LB: tl.constexpr,
-    STRIDE_LH: tl.constexpr,
     SM_SCALE: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     K_SCALE: tl.constexpr,  # 0: none; 1: one per tensor; 2: one per KV head
@@ -332,9 +292,6 @@ def _decode_stage1_grouped(
     PAGE_SIZE: tl.constexpr,
     CAPACITY: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,  # the row's last split to finish merges (no stage-2 kernel)
 ):
     """BLOCK_H query heads sharing one KV head per program: q.k and p.v with tl.dot.
 
@@ -429,88 +386,6 @@ def _decode_stage1_grouped(
     )
     lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads * STRIDE_MLH + split_idx * STRIDE_MLS
     tl.store(lse_ptrs, lse, mask=mask_h)
-    if FUSED_MERGE:
-        if _finished_last(counters_ptr + batch_idx * tl.num_programs(0) + head_block, NUM_KV_SPLITS):
-            _merge_splits(
-                mid_o_ptr, mid_lse_ptr, sinks_ptr, out_ptr, lse_ptr, batch_idx, heads, mask_h,
-                STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS,
-                STRIDE_OB, STRIDE_OH, STRIDE_LB, STRIDE_LH,
-                HEAD_DIM_V, BLOCK_H, BLOCK_DV, BLOCK_S, NUM_KV_SPLITS, HAS_SINKS,
-            )  # fmt: skip
-
-
-@triton.jit
-def _merge_splits(
-    mid_o_ptr,
-    mid_lse_ptr,
-    sinks_ptr,
-    out_ptr,
-    lse_ptr,
-    batch_idx,
-    heads,  # [BLOCK_H] query heads to merge
-    mask_h,  # [BLOCK_H]
-    STRIDE_MOB: tl.constexpr,
-    STRIDE_MOH: tl.constexpr,
-    STRIDE_MOS: tl.constexpr,
-    STRIDE_MLB: tl.constexpr,
-    STRIDE_MLH: tl.constexpr,
-    STRIDE_MLS: tl.constexpr,
-    STRIDE_OB: tl.constexpr,
-    STRIDE_OH: tl.constexpr,
-    STRIDE_LB: tl.constexpr,
-    STRIDE_LH: tl.constexpr,
-    HEAD_DIM_V: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    NUM_KV_SPLITS: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
-):
-    """Merge the splits of one batch row's ``heads`` by log-sum-exp; empty splits weigh 0.
-
-    A sink (gpt-oss) is one more logit in the softmax's denominator with a zero value:
-    it joins the merge as a split whose output is 0 and whose LSE is the sink.
-    Partials are loaded with ``.cg`` (L2, not L1): in the fused merge other programs
-    wrote them, and L1 is not coherent across SMs.
-    """
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_dv = offs_dv < HEAD_DIM_V
-
-    lse_rows = mid_lse_ptr + batch_idx * STRIDE_MLB + heads * STRIDE_MLH  # [H]
-    split_lse = tl.load(
-        lse_rows[:, None] + offs_s[None, :] * STRIDE_MLS,
-        mask=mask_h[:, None] & (offs_s < NUM_KV_SPLITS)[None, :],
-        other=float("-inf"),
-        cache_modifier=".cg",
-    )
-    m = tl.max(split_lse, 1)
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + heads, mask=mask_h, other=float("-inf"))
-        m = tl.maximum(m, sink)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    denom = tl.sum(tl.exp(split_lse - m_safe[:, None]), 1)
-    if HAS_SINKS:
-        denom += tl.exp(sink - m_safe)
-
-    o_rows = mid_o_ptr + batch_idx * STRIDE_MOB + heads * STRIDE_MOH  # [H]
-    mask_o = mask_h[:, None] & mask_dv[None, :]
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    for split_idx in range(NUM_KV_SPLITS):
-        weight = tl.exp(
-            tl.load(lse_rows + split_idx * STRIDE_MLS, mask=mask_h, other=0.0, cache_modifier=".cg") - m_safe
-        )
-        o_split = tl.load(
-            o_rows[:, None] + split_idx * STRIDE_MOS + offs_dv[None, :], mask=mask_o, other=0.0, cache_modifier=".cg"
-        )
-        acc += weight[:, None] * o_split
-
-    has_tokens = denom > 0
-    out = acc / tl.where(has_tokens, denom, 1.0)[:, None]
-    out_ptrs = out_ptr + batch_idx * STRIDE_OB + heads[:, None] * STRIDE_OH + offs_dv[None, :]
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_o)
-    lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
-    tl.store(lse_ptr + batch_idx * STRIDE_LB + heads * STRIDE_LH, lse, mask=mask_h)
 
 
 @triton.jit
@@ -536,15 +411,40 @@ def _decode_stage2(
     NUM_KV_SPLITS: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
-    """The merge as its own kernel: one program per (batch row, head)."""
+    """Merge the splits of one (batch row, head) by log-sum-exp; empty splits weigh 0.
+
+    A sink (gpt-oss) is one more logit in the softmax's denominator with a zero value:
+    it joins the merge as a split whose output is 0 and whose LSE is the sink.
+    """
     batch_idx = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) + tl.arange(0, 1)
-    _merge_splits(
-        mid_o_ptr, mid_lse_ptr, sinks_ptr, out_ptr, lse_ptr, batch_idx, heads, heads >= 0,
-        STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS,
-        STRIDE_OB, STRIDE_OH, STRIDE_LB, STRIDE_LH,
-        HEAD_DIM_V, 1, BLOCK_DV, BLOCK_S, NUM_KV_SPLITS, HAS_SINKS,
-    )  # fmt: skip
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < HEAD_DIM_V
+
+    lse_row = mid_lse_ptr + batch_idx * STRIDE_MLB + head * STRIDE_MLH
+    split_lse = tl.load(lse_row + offs_s * STRIDE_MLS, mask=offs_s < NUM_KV_SPLITS, other=float("-inf"))
+    m = tl.max(split_lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head)
+        m = tl.maximum(m, sink)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.exp(split_lse - m_safe), 0)
+    if HAS_SINKS:
+        denom += tl.exp(sink - m_safe)
+
+    o_row = mid_o_ptr + batch_idx * STRIDE_MOB + head * STRIDE_MOH
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for split_idx in range(NUM_KV_SPLITS):
+        weight = tl.exp(tl.load(lse_row + split_idx * STRIDE_MLS) - m_safe)
+        acc += weight * tl.load(o_row + split_idx * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
+
+    has_tokens = denom > 0
+    out = acc / tl.where(has_tokens, denom, 1.0)
+    out_ptrs = out_ptr + batch_idx * STRIDE_OB + head * STRIDE_OH + offs_dv
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_dv)
+    lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
+    tl.store(lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, lse)
 
 
 @triton.jit

@@ -194,9 +194,6 @@ class LaunchConfig:
     num_stages: int
     num_kv_splits: int
     stage2_num_warps: int
-    # The row's last split to finish merges the splits (stage 2 inside stage 1, one
-    # kernel per call); else a stage-2 kernel does.
-    fused_merge: bool = True
 
     @property
     def stage1_grid(self) -> tuple[int, int, int]:
@@ -208,11 +205,6 @@ class LaunchConfig:
     @property
     def stage2_grid(self) -> tuple[int, int, int]:
         return (self.problem.batch, self.problem.num_heads, 1)
-
-    @property
-    def counters_shape(self) -> tuple[int, int]:
-        """int32 counters of the fused merge, zeroed before each call: one per stage-1 row."""
-        return (self.problem.batch, self.stage1_grid[0])
 
     @property
     def mid_o_shape(self) -> tuple[int, int, int, int]:
@@ -245,10 +237,6 @@ class LaunchConfig:
             STRIDE_MLB=strides.mid_lse[0],
             STRIDE_MLH=strides.mid_lse[1],
             STRIDE_MLS=strides.mid_lse[2],
-            STRIDE_OB=strides.out[0],
-            STRIDE_OH=strides.out[1],
-            STRIDE_LB=strides.lse[0],
-            STRIDE_LH=strides.lse[1],
             SM_SCALE=float(p.sm_scale),
             LOGIT_CAP=float(p.logit_cap),
             K_SCALE=p.k_scale,
@@ -264,9 +252,6 @@ class LaunchConfig:
             PAGE_SIZE=p.page_size,
             CAPACITY=p.capacity,
             NUM_KV_SPLITS=self.num_kv_splits,
-            BLOCK_S=next_power_of_2(self.num_kv_splits),
-            HAS_SINKS=p.has_sinks,
-            FUSED_MERGE=self.fused_merge,
         )
         if self.variant == "grouped":
             meta.update(

@@ -108,8 +108,7 @@ _LAUNCHES: dict[tuple, tuple[_StageLaunch, _StageLaunch]] = {}
 
 
 def _launches(config: LaunchConfig, strides: KernelStrides) -> tuple[_StageLaunch, _StageLaunch]:
-    """Both stages' launches (launch_decode caches them, so a call only looks them up;
-    stage 2's is not run when the merge is fused)."""
+    """Both stages' launches (launch_decode caches them, so a call only looks them up)."""
     return _StageLaunch(config.stage1(strides)), _StageLaunch(config.stage2(strides))
 
 
@@ -130,16 +129,14 @@ def strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse) -> KernelStrides:
 
 def launch_decode(
     config: LaunchConfig, q, k, v, page_table, seq_lens, mid_o, mid_lse, out, lse, *,
-    k_scale=None, v_scale=None, sinks=None, counters=None, interpret: bool,
+    k_scale=None, v_scale=None, sinks=None, interpret: bool,
 ) -> None:  # fmt: skip
-    """Run the decode kernels, writing ``out`` and ``lse`` (and the scratch) in place.
+    """Run stage 1 and stage 2, writing ``out`` and ``lse`` (and the scratch) in place.
 
     ``v`` is the V cache, or ``k`` itself for MLA (V = k[..., :head_dim_v]); shapes
     and dtypes are the ones ``config`` was made for.  ``k_scale``/``v_scale`` float32
     ``[1]``/``[num_kv_heads]`` and ``sinks`` float32 ``[num_heads]`` are given exactly
-    when the config says so.  Tensors live on one device.  With ``config.fused_merge``
-    one kernel runs; its ``counters`` (int32 ``config.counters_shape``, zeroed by the
-    caller) are allocated zeroed here when not given.  Else stage 1, then stage 2.
+    when the config says so.  Tensors live on one device.
     """
     if config.problem.batch == 0:
         return
@@ -151,20 +148,8 @@ def launch_decode(
         stages = _LAUNCHES[key] = _launches(config, strides_of(q, k, v, page_table, mid_o, mid_lse, out, lse))
     stage1, stage2 = stages
     k_scale, v_scale = stage1_scales(k_scale, v_scale, seq_lens, config.problem.v_from_k)
-    sinks_or_placeholder = seq_lens if sinks is None else sinks
-    if not config.fused_merge:
-        counters = seq_lens  # a placeholder: stage 1 does not touch it
-    elif counters is None:
-        import torch
-
-        counters = torch.zeros(config.counters_shape, dtype=torch.int32, device=q.device)
-    stage1.run(
-        (q, k, v, page_table, seq_lens, k_scale, v_scale, sinks_or_placeholder, config.problem.num_pages,
-         mid_o, mid_lse, counters, out, lse),
-        interpret,
-    )  # fmt: skip
-    if not config.fused_merge:
-        stage2.run((mid_o, mid_lse, sinks_or_placeholder, out, lse), interpret)
+    stage1.run((q, k, v, page_table, seq_lens, k_scale, v_scale, config.problem.num_pages, mid_o, mid_lse), interpret)
+    stage2.run((mid_o, mid_lse, mid_lse if sinks is None else sinks, out, lse), interpret)
 
 
 _WRITES: dict[KernelLaunch, _StageLaunch] = {}

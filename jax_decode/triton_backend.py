@@ -96,26 +96,12 @@ def target_device() -> DeviceInfo | None:
 def decode_attention_triton(
     q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, config: LaunchConfig
 ):  # fmt: skip
-    """The kernels through triton_call; returns (out, lse).
-
-    With ``config.fused_merge`` one call: stage 1, whose last split per row merges (its
-    counters zeroed by jax_triton before the launch).  Else stage 1, then stage 2.
-    """
+    """Stage 1 and stage 2 through triton_call; returns (out, lse)."""
     p = config.problem
     strides = config.contiguous_strides()
     stage1 = config.stage1(strides)
     k_scale, v_scale = stage1_scales(k_scale, v_scale, seq_lens, p.v_from_k)
-    sinks = seq_lens if sinks is None else sinks  # a placeholder when there are no sinks
-    result_types = (
-        jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), q.dtype),
-        jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
-    )
-    mid_types = (
-        jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
-        jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
-    )
-    fused = config.fused_merge
-    stage1_outs = triton_call(
+    mid_o, mid_lse = triton_call(
         q,
         k_cache,
         k_cache if p.v_from_k else v_cache,
@@ -123,32 +109,28 @@ def decode_attention_triton(
         seq_lens,
         k_scale,
         v_scale,
-        sinks,
         p.num_pages,
         kernel=kernels.STAGE1_KERNELS[stage1.kernel_name],
-        # Unfused, the counters and results are one-element stand-ins stage 1 never touches.
         out_types=(
-            *mid_types,
-            jax.ShapeDtypeStruct(config.counters_shape if fused else (1,), jnp.int32),
-            *(result_types if fused else (jax.ShapeDtypeStruct((1,), jnp.float32),) * 2),
+            jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
+            jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
         ),
-        zeroed_outputs=(2,) if fused else (),
         device=config.device,
         grid=stage1.grid,
         num_warps=stage1.num_warps,
         num_stages=stage1.num_stages,
         **stage1.meta(),
     )
-    mid_o, mid_lse, _, out, lse = stage1_outs
-    if fused:
-        return out, lse
     stage2 = config.stage2(strides)
     return triton_call(
         mid_o,
         mid_lse,
-        sinks,
+        mid_lse if sinks is None else sinks,  # a placeholder when there are no sinks
         kernel=kernels.STAGE2_KERNEL,
-        out_types=result_types,
+        out_types=(
+            jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), q.dtype),
+            jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
+        ),
         device=config.device,
         grid=stage2.grid,
         num_warps=stage2.num_warps,

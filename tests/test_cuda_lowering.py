@@ -66,8 +66,7 @@ def _lower(name, compute_capability, backend, platform):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_compiles_for_cuda(name, compute_capability):
     text = _lower(name, compute_capability, "triton", "cuda")
-    # One kernel per call: the last split of each row merges (stage 2 fused into stage 1).
-    assert text.count("triton_kernel_call") == 1
+    assert text.count("triton_kernel_call") >= 2  # stage 1 and stage 2
 
 
 def test_auto_lowers_triton_for_cuda_and_xla_for_cpu():
@@ -87,7 +86,7 @@ def test_write_kv_compiles_for_cuda_with_the_cache_aliased(dtype):
     assert text.count("tf.aliasing_output") == 2  # both donated caches updated in place
 
 
-def test_vmap_lowers_to_one_launch():
+def test_vmap_lowers_to_one_launch_per_stage():
     q, k, v, pt, sl = _arrays(32, 8, 128, 128, 16, jnp.bfloat16, False)
     stacked = [jax.ShapeDtypeStruct((4, *x.shape), x.dtype) for x in (q, pt, sl)]
 
@@ -97,7 +96,7 @@ def test_vmap_lowers_to_one_launch():
     k_arr, v_arr = jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype)
     with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
         text = jax.jit(jax.vmap(call)).trace(*stacked).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("triton_kernel_call") == 1  # the mapped axis joined the batch: no loop, no per-map launch
+    assert text.count("triton_kernel_call") == 2  # the mapped axis joined the batch: no loop, no per-map launch
 
 
 FEATURE_VARIANTS = {
@@ -135,7 +134,7 @@ def test_feature_variant_compiles_for_sm90(name):
 
     with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
         text = jax.jit(step).trace(q, k, v, pt, sl, **extras).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("triton_kernel_call") == 1
+    assert text.count("triton_kernel_call") >= 2
 
 
 @pytest.mark.parametrize("cache_dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
