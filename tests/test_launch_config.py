@@ -8,6 +8,7 @@ import pytest
 
 from jax_decode.launch import (
     MAX_AUTO_KV_SPLITS,
+    WIDE_HEAD_PROGRAMS_PER_SM,
     DecodeProblem,
     DeviceInfo,
     KernelStrides,
@@ -140,7 +141,8 @@ def test_wide_split_cost_picks_the_split_count_the_h200_found_fastest(batch, pag
     per program than the model's whole wave."""
     times = MLA_SPLIT_TIMES[batch, pages, page_size]
     p = _mla(batch, pages, page_size)
-    cost = {s: wide_split_cost(p, batch, heads_per_program=16, slots=264, splits=s) for s in times}
+    slots = H200.num_sms * WIDE_HEAD_PROGRAMS_PER_SM  # as make_launch_config counts them
+    cost = {s: wide_split_cost(p, batch, heads_per_program=16, slots=slots, splits=s) for s in times}
     assert min(cost, key=cost.get) == min(times, key=times.get)
     assert make_launch_config(p, H200).num_kv_splits == min(times, key=times.get)
 
