@@ -1,23 +1,24 @@
 """What the compiled stage-1 kernel costs per SM, without a GPU.
 
-Compiles the stage-1 kernel the launch config picks for each benchmark shape for an
-NVIDIA target (Triton's bundled ptxas; no GPU or CUDA install needed) and reports its
-registers per thread, spilled bytes, shared memory per program, how many programs fit
-an SM by each of those, and the SASS of its main loop: instructions per warp per tile
-and the most frequent opcodes.  These explain occupancy (an fp8 MLA latent spills with
-4 warps; the fp8 GQA kernel needs 255 registers, so two programs fit an SM), but the
-instruction count alone does not predict speed: time candidates on a GPU
-(``benchmarks/sweep.py``, ``python -m jax_decode.bench``).  The numbers depend on the
-Triton version (the H200 image has 3.6; under 3.9 the fp8 GQA kernel needs 203
-registers, under 3.6 all 255): report with the version the kernels will run under.
+Compiles the stage-1 kernel the launch planner picks for each benchmark row (or a
+variant of it, ``--grid``) for an NVIDIA target (Triton's bundled ptxas; no GPU or
+CUDA install needed) and reports its registers per thread, spilled bytes, shared
+memory per program, how many programs fit an SM by each of those, whether its dots
+use warpgroup MMA, and the SASS of its main loop: instructions per warp per tile and
+the most frequent opcodes.  These explain occupancy and where a kernel spends its
+instructions, but not its speed: time candidates on a GPU (``benchmarks.sweep``).
+The numbers depend on the Triton version: report with the version the kernels will
+run under.
 
-    python benchmarks/kernel_resources.py --shapes MLA --kv-dtype float8_e4m3fn --cc 90
+    python -m benchmarks.kernel_resources --suite models --rows "DeepSeek-V3 DP b64" \
+        --grid block_h=64,num_warps=8,block_n=32,num_stages=2
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import re
 import subprocess
@@ -27,9 +28,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from jax_decode import kernels
-from jax_decode.launch import DecodeProblem, DeviceInfo, make_launch_config
-from jax_decode.synthetic import SEED_SHAPES
+from benchmarks.precompile import SpecArrays
+from benchmarks.suites import SUITES
+from jax_decode.kernels import KERNELS
+from jax_decode.launch import DecodeProblem, DeviceInfo, LaunchConfig, make_launch_config
+from jax_decode.operands import DecodeOperands, Spec
 from jax_decode.validation import check_decode_args
 
 TRITON_TYPES = {
@@ -56,7 +59,7 @@ def tools_available() -> bool:
 def _stage1_source(config):
     """The ASTSource of the launch's stage-1 kernel: pointer types, runtime ints, constexprs."""
     launch = config.stage1(config.contiguous_strides())
-    fn = kernels.STAGE1_KERNELS[launch.kernel_name]
+    fn = KERNELS[launch.kernel_name]
     q_type, kv_type = TRITON_TYPES[config.problem.dtype], TRITON_TYPES[config.problem.cache_dtype]
     runtime = {
         "q_ptr": "*" + q_type,
@@ -90,7 +93,12 @@ def _main_loop(sass: str) -> list[str]:
 
 def kernel_resources(problem: DecodeProblem, compute_capability: int = 90, num_sms: int = 132) -> dict:
     """Compile the stage-1 kernel for ``problem`` and return its per-SM resource report."""
-    config = make_launch_config(problem, DeviceInfo("nvidia", compute_capability, num_sms))
+    return config_resources(make_launch_config(problem, DeviceInfo("nvidia", compute_capability, num_sms)))
+
+
+def config_resources(config: LaunchConfig) -> dict:
+    """Compile ``config``'s stage-1 kernel for its device and return the resource report."""
+    compute_capability = config.device.compute_capability
     source, launch = _stage1_source(config)
     compiled = triton.compile(
         source,
@@ -126,65 +134,61 @@ def kernel_resources(problem: DecodeProblem, compute_capability: int = 90, num_s
         programs_per_sm_by_shared=min(SM_SHARED.get(compute_capability, SM_SHARED[80]) // max(shared, 1), SM_PROGRAMS),
         loop_instructions_per_warp=len(loop),
         loop_tokens=config.block_n,
+        warpgroup_mma="HGMMA" in opcodes or "QGMMA" in opcodes,
         top_opcodes=opcodes.most_common(8),
     )
 
 
-def _problem(dims, dtype: str, kv_dtype: str | None) -> DecodeProblem:
-    """The problem decode_attention would build for a benchmark shape (through the same
-    argument checks), with per-KV-head scales for an fp8 cache, as the benchmark's rows."""
-    batch, heads, kv_heads, dqk, dv, context, page, mla = dims
-    cache_dtype = kv_dtype or dtype
-    pages = batch * context // page + 1
-    scale = ((kv_heads,), "float32") if kv_dtype else None
-    return check_decode_args(
-        q_shape=(batch, heads, dqk),
-        q_dtype=dtype,
-        k_shape=(pages, page, kv_heads, dqk),
-        k_dtype=cache_dtype,
-        v_shape=None if mla else (pages, page, kv_heads, dv),
-        v_dtype=None if mla else cache_dtype,
-        page_table_shape=(batch, context // page),
-        page_table_dtype="int32",
-        seq_lens_shape=(batch,),
-        seq_lens_dtype="int32",
-        head_dim_v=dv if mla else None,
-        sm_scale=None,
-        logit_cap=0.0,
-        k_scale=scale,
-        v_scale=None if mla else scale,
-    )
+def row_problem(row) -> DecodeProblem:
+    """The problem decode_attention builds for a benchmark row (through the same checks)."""
+    from benchmarks.bench import _options, _problem_for
+
+    problem = _problem_for(row, SpecArrays())
+    arrays = (*problem.arrays, problem.k_scale, problem.v_scale, problem.sinks)
+    specs = DecodeOperands(*(None if a is None else Spec(a.shape, a.dtype) for a in arrays))
+    options = _options(row)
+    return check_decode_args(specs, head_dim_v=options.get("head_dim_v"), sm_scale=None, logit_cap=row.logit_cap,
+                             window_left=row.window_left)  # fmt: skip
 
 
 def main() -> None:
+    from benchmarks.sweep import parse_override
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="*", help="substrings of benchmark shape names (default: all)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--kv-dtype", choices=["float8_e4m3fn", "float8_e5m2"], help="an fp8 cache")
+    parser.add_argument("--suite", default="core", choices=list(SUITES))
+    parser.add_argument("--rows", nargs="*", help="rows whose label contains one of these (default: all)")
+    parser.add_argument(
+        "--grid", nargs="*", default=[], help="variants of the planner's launch, e.g. block_h=64,num_warps=8"
+    )
     parser.add_argument("--cc", type=int, default=90, help="compute capability to compile for (default 90)")
     args = parser.parse_args()
     if not tools_available():
         raise SystemExit("this Triton install has no bundled ptxas / nvdisasm / cuobjdump")
-    for name, dims in SEED_SHAPES.items():
-        if args.shapes and not any(s in name for s in args.shapes):
+    device = DeviceInfo("nvidia", args.cc, 132)
+    for row in SUITES[args.suite]():
+        if args.rows and not any(s in row.label for s in args.rows):
             continue
-        report = kernel_resources(_problem(dims, args.dtype, args.kv_dtype), args.cc)
-        cache = args.kv_dtype or args.dtype
-        print(f"{name} ({cache} cache, sm_{args.cc}):")
-        print(
-            f"  {report['variant']}: BLOCK_N {report['block_n']}, BLOCK_H {report['block_h']}, "
-            f"{report['num_warps']} warps, {report['num_stages']} stages"
-        )
-        print(
-            f"  {report['registers']} registers/thread, {report['spilled_bytes']} B spilled, "
-            f"{report['shared_bytes']} B shared; programs per SM: {report['programs_per_sm_by_registers']} "
-            f"by registers, {report['programs_per_sm_by_shared']} by shared memory"
-        )
-        ops = ", ".join(f"{op} {count}" for op, count in report["top_opcodes"])
-        print(
-            f"  main loop: {report['loop_instructions_per_warp']} instructions/warp "
-            f"per {report['loop_tokens']} tokens ({ops})"
-        )
+        base = make_launch_config(row_problem(row), device)
+        for name, override in [("planner", {}), *((text, parse_override(text)) for text in args.grid)]:
+            config = dataclasses.replace(base, **override)
+            if "block_h" in override:
+                config = dataclasses.replace(config, head_blocks=-(-base.problem.kv_group // config.block_h))
+            report = config_resources(config)
+            print(f"{row.label} ({row.kv_dtype or row.dtype} cache, sm_{args.cc}), {name}:")
+            print(
+                f"  {report['variant']}: BLOCK_N {report['block_n']}, BLOCK_H {report['block_h']}, "
+                f"{report['num_warps']} warps, {report['num_stages']} stages"
+            )
+            print(
+                f"  {report['registers']} registers/thread, {report['spilled_bytes']} B spilled, "
+                f"{report['shared_bytes']} B shared; programs per SM: {report['programs_per_sm_by_registers']} "
+                f"by registers, {report['programs_per_sm_by_shared']} by shared memory"
+            )
+            ops = ", ".join(f"{op} {count}" for op, count in report["top_opcodes"])
+            print(
+                f"  main loop: {report['loop_instructions_per_warp']} instructions/warp "
+                f"per {report['loop_tokens']} tokens ({ops})"
+            )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
-"""Launch-parameter sweep on the GPU (tuning data for jax_decode.launch's heuristics).
+"""Launch-parameter sweep on the GPU: the data behind the launch planner's model.
 
-For each shape: num_kv_splits over powers of two at the config's default blocks,
-then (BLOCK_N, warps, stages) around the best splits.  Times with do_bench (median);
-writes every measurement to a JSON file for offline fitting.  Not a user benchmark
-(that is ``python -m jax_decode.bench``).
+For each chosen benchmark row: the planner's launch, then launches with some of its
+parameters replaced (``--splits``, ``--grid`` of block_h / block_n / warps / stages),
+each checked against the float64 oracle and timed in device time (a CUDA graph of the
+torch launch).  Writes every measurement to a JSON file; not a user benchmark (that is
+``python -m benchmarks.bench``).
+
+    python -m benchmarks.sweep out.json --rows "DeepSeek-V3 DP b64" --splits 1,2,4 \\
+        --grid block_h=64,block_n=32,num_warps=8,num_stages=2 block_h=64,block_n=64,num_warps=8,num_stages=1
 """
 
 from __future__ import annotations
@@ -13,122 +17,90 @@ import dataclasses
 import json
 import time
 
-import torch
-import triton
-
-from jax_decode.launch import DeviceInfo, make_launch_config
-from jax_decode.synthetic import SEED_SHAPES
-from jax_decode.torch_launch import launch_decode
-from jax_decode.validation import check_decode_args
-
-EXTRA_SHAPES = {
-    "GQA 64/8 d128 b4 ctx16384": (4, 64, 8, 128, 128, 16384, 16, False),
-    "GQA 28/4 d128 b16 ctx2048": (16, 28, 4, 128, 128, 2048, 16, False),
-    "MHA 16/16 d64 b2 ctx8192": (2, 16, 16, 64, 64, 8192, 16, False),
-    "GQA 32/8 d128 b32 ctx4096 page1": (32, 32, 8, 128, 128, 4096, 1, False),
-    "MLA 128/1 576/512 page64 b8 ctx8192": (8, 128, 1, 576, 512, 8192, 64, True),
-}
-KERNEL_OPTIONS = {
-    "mha": [(32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (32, 2, 3), (16, 2, 4)],
-    "grouped": [(32, 4, 2), (64, 4, 2), (32, 4, 3), (64, 8, 2), (16, 4, 3), (16, 2, 4), (32, 2, 2), (64, 4, 3)],
-}
-# fp8 caches: twice the tokens per byte, so larger tiles and deeper pipelines are worth trying.
-FP8_OPTIONS = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (64, 8, 3)]
+from benchmarks.bench import _launch_config, _oracle, _problems
+from benchmarks.suites import SUITES
 
 
-def make_inputs(dims, dt=torch.bfloat16, kv_dtype=None):
-    batch, heads, kv_heads, dqk, dv, ctx, page, mla = dims
-    max_pages = ctx // page
-    num_pages = batch * max_pages
-    cache_dt = kv_dtype or dt
-    q = torch.randn(batch, heads, dqk, device="cuda", dtype=dt)
-    k = torch.randn(num_pages, page, kv_heads, dqk, device="cuda").to(cache_dt)
-    v = None if mla else torch.randn(num_pages, page, kv_heads, dv, device="cuda").to(cache_dt)
-    pt = torch.randperm(num_pages, device="cuda", dtype=torch.int32).reshape(batch, max_pages)
-    sl = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
-    kv_bytes = batch * ctx * kv_heads * (dqk if mla else dqk + dv) * k.element_size()
-    return q, k, v, pt, sl, kv_bytes
+def parse_override(text: str) -> dict:
+    """``block_h=64,num_warps=8`` -> {"block_h": 64, "num_warps": 8}."""
+    return {key: int(value) for key, value in (item.split("=") for item in text.split(",") if item)}
 
 
-def time_config(cfg, q, k, v, pt, sl) -> float:
-    p = cfg.problem
-    out = torch.empty(p.batch, p.num_heads, p.head_dim_v, device="cuda", dtype=q.dtype)
-    lse = torch.empty(p.batch, p.num_heads, device="cuda", dtype=torch.float32)
-    mid_o = torch.empty(cfg.mid_o_shape, device="cuda", dtype=torch.float32)
-    mid_lse = torch.empty(cfg.mid_lse_shape, device="cuda", dtype=torch.float32)
-    vv = k if v is None else v
-    scale = None
-    if cfg.problem.k_scale:
-        scale = torch.full((cfg.problem.num_kv_heads,), 0.5, device="cuda")
-    return triton.testing.do_bench(
-        lambda: launch_decode(
-            cfg, q, k, vv, pt, sl, mid_o, mid_lse, out, lse, k_scale=scale,
-            v_scale=None if v is None else scale, interpret=False,
-        ),
-        warmup=10, rep=40,
-    )  # fmt: skip
+def run_config(config, problems, device_time: bool = True) -> tuple[float, object]:
+    """ms per call of ``config`` launched on the problems (rotated), and its output on the first."""
+    import torch
+
+    from benchmarks import timing
+    from jax_decode.operands import DecodeOperands
+    from torch_bridge.launcher import launch_decode
+
+    p = config.problem
+    out = torch.empty(p.batch, p.num_heads, p.head_dim_v, device="cuda", dtype=problems[0].q.dtype)
+    lse = torch.empty(p.batch, p.num_heads, device="cuda")
+    mid_o = torch.empty(config.mid_o_shape, device="cuda")
+    mid_lse = torch.empty(config.mid_lse_shape, device="cuda")
+
+    def run(problem):
+        extras = problem.extras
+        ops = DecodeOperands(*problem.arrays, extras.get("k_scale"), extras.get("v_scale"), extras.get("sinks"))
+        launch_decode(config, ops, mid_o, mid_lse, out, lse)
+        return out
+
+    first = run(problems[0]).clone()
+    return timing.time_torch(run, problems, device_time, rep_ms=40), first
 
 
 def main() -> None:
+    import torch
+
+    from benchmarks import timing
+    from jax_decode.reference import tolerance_excess
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="JSON file for every measurement")
-    parser.add_argument("budget_s", nargs="?", type=float, default=400)
-    parser.add_argument("--kv-dtype", choices=["float8_e4m3fn", "float8_e5m2"], help="an fp8 cache (scaled per head)")
-    parser.add_argument("--shapes", nargs="*", help="substrings of shape names (default: all)")
+    parser.add_argument("--suite", default="models", choices=list(SUITES))
+    parser.add_argument("--rows", nargs="*", help="rows whose label contains one of these (default: all)")
+    parser.add_argument("--splits", default="", help="comma-separated split counts to try at the planner's blocks")
+    parser.add_argument("--grid", nargs="*", default=[], help="overrides, each like block_h=64,num_warps=8")
+    parser.add_argument("--budget-s", type=float, default=400, help="stop starting new rows after this long")
     args = parser.parse_args()
-    props = torch.cuda.get_device_properties(0)
-    device = DeviceInfo("nvidia", props.major * 10 + props.minor, props.multi_processor_count)
-    kv_dtype = getattr(torch, args.kv_dtype) if args.kv_dtype else None
-    started = time.time()
-    results = []
-    shapes = {**SEED_SHAPES, **EXTRA_SHAPES}
-    shapes = {n: d for n, d in shapes.items() if not args.shapes or any(sub in n for sub in args.shapes)}
-    for name, dims in shapes.items():
-        q, k, v, pt, sl, kv_bytes = make_inputs(dims, kv_dtype=kv_dtype)
-        scale_spec = ((dims[2],), torch.float32) if kv_dtype else None
-        problem = check_decode_args(
-            q_shape=q.shape, q_dtype=q.dtype, k_shape=k.shape, k_dtype=k.dtype,
-            v_shape=None if v is None else v.shape, v_dtype=None if v is None else v.dtype,
-            page_table_shape=pt.shape, page_table_dtype=pt.dtype, seq_lens_shape=sl.shape,
-            seq_lens_dtype=sl.dtype, head_dim_v=dims[4], sm_scale=dims[3] ** -0.5, logit_cap=0.0,
-            k_scale=scale_spec, v_scale=None if v is None else scale_spec,
-        )  # fmt: skip
-        base = make_launch_config(problem, device)
-        rows = {}
-
-        def measure(cfg, rows=rows, q=q, k=k, v=v, pt=pt, sl=sl, kv_bytes=kv_bytes, name=name):
-            key = (cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.num_kv_splits)
-            if key in rows:
-                return rows[key]
+    rows = [r for r in SUITES[args.suite]() if not args.rows or any(s in r.label for s in args.rows)]
+    splits = [int(s) for s in args.splits.split(",") if s]
+    started, results = time.time(), []
+    for row in rows:
+        if time.time() - started > args.budget_s:
+            print(f"budget spent: stopping before {row.label}", flush=True)
+            break
+        problems = _problems(row, timing.input_sets_needed(row.kv_bytes()))
+        checked_rows, expected = _oracle(row, problems[0])
+        base = _launch_config(row, problems[0])
+        candidates = [("planner", base)]
+        candidates += [(f"splits={s}", dataclasses.replace(base, num_kv_splits=s)) for s in splits]
+        for text in args.grid:
+            override = parse_override(text)
+            config = dataclasses.replace(base, **override)
+            if "block_h" in override:
+                config = dataclasses.replace(
+                    config, head_blocks=-(-row.num_heads // row.num_kv_heads // config.block_h)
+                )
+            candidates.append((text, config))
+            candidates += [(f"{text},splits={s}", dataclasses.replace(config, num_kv_splits=s)) for s in splits]
+        for name, config in candidates:
             try:
-                ms = time_config(cfg, q, k, v, pt, sl)
+                ms, out = run_config(config, problems)
+                excess = tolerance_excess(out[checked_rows].float().cpu().numpy(), expected, row.dtype)
+                note = "" if excess <= 0 else f"WRONG by {excess:.2g}"
             except Exception as error:  # e.g. out of shared memory
-                print(f"  {name} {key}: {type(error).__name__} {str(error)[:80]}", flush=True)
-                ms = float("inf")
-            rows[key] = ms
-            results.append(dict(shape=name, variant=cfg.variant, block_n=key[0], warps=key[1], stages=key[2],
-                                splits=key[3], block_h=cfg.block_h, ms=ms, tbps=kv_bytes / ms / 1e9))  # fmt: skip
-            return ms
-
-        default_ms = measure(base)
-        splits_ms = {s: measure(dataclasses.replace(base, num_kv_splits=s)) for s in (1, 2, 4, 8, 16, 32, 64, 128)}
-        best_splits = min(splits_ms, key=splits_ms.get)
-        for splits in {max(1, best_splits // 2), best_splits, min(128, best_splits * 2)}:
-            options = FP8_OPTIONS if kv_dtype and base.variant == "grouped" else KERNEL_OPTIONS[base.variant]
-            for block_n, warps, stages in options:
-                if time.time() - started > args.budget_s:
-                    break
-                measure(dataclasses.replace(base, block_n=block_n, num_warps=warps, num_stages=stages,
-                                            num_kv_splits=splits))  # fmt: skip
-        best = min(rows, key=rows.get)
-        print(f"{name:<40} default {kv_bytes / default_ms / 1e9:.2f} TB/s (splits {base.num_kv_splits}); "
-              f"best {kv_bytes / rows[best] / 1e9:.2f} TB/s at (block_n, warps, stages, splits)={best}; "
-              f"by splits: " + " ".join(f"{s}:{kv_bytes / ms / 1e9:.2f}" for s, ms in splits_ms.items()),
-              flush=True)  # fmt: skip
-        del q, k, v
+                ms, note = None, f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
+            results.append(dict(row=row.label, candidate=name, ms=ms, note=note, block_h=config.block_h,
+                                block_n=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages,
+                                splits=config.num_kv_splits, kv_bytes=row.kv_bytes(), flops=row.flops()))  # fmt: skip
+            shown = f"{ms * 1e3:9.1f} us" if ms is not None else "        -   "
+            print(f"{row.label[:44]:<44} {name[:48]:<48} {shown} {note}", flush=True)
+        del problems
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
-        json.dump(results, f, indent=0)
+        json.dump(dict(options=vars(args), results=results), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """jax_decode: Triton decode attention over a paged KV cache, for JAX and PyTorch."""
 
-from jax_decode.api import BACKENDS, decode_attention, merge_attention_states
+from jax_decode.api import decode_attention, merge_attention_states
+from jax_decode.backends import BACKENDS
+from jax_decode.backends.triton import compile_target
 from jax_decode.kv_write import write_kv
 from jax_decode.launch import DecodeProblem, DeviceInfo, KernelStrides, LaunchConfig, make_launch_config
 from jax_decode.reference import decode_attention_reference
-from jax_decode.triton_backend import compile_target
 
 __all__ = [
     "BACKENDS",

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_decode.api import BACKENDS, decode_attention
+from jax_decode.api import decode_attention
+from jax_decode.backends import BACKENDS
 from jax_decode.reference import decode_attention_reference
 from jax_decode.synthetic import make_paged_problem
 

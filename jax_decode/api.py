@@ -11,22 +11,21 @@ Dimension names::
 from __future__ import annotations
 
 import functools
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.custom_batching
 import jax.numpy as jnp
 
-from jax_decode import triton_backend
-from jax_decode.interpret_backend import decode_attention_interpret
+from jax_decode.arrays import float_operand, scale_operand
+from jax_decode.backends import Backend, check_backend, dispatch
+from jax_decode.backends import interpret as interpret_backend
+from jax_decode.backends import triton as triton_backend
+from jax_decode.backends import xla as xla_backend
 from jax_decode.launch import DeviceInfo, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
-from jax_decode.operands import float_operand, scale_operand
+from jax_decode.operands import ROW_OPERANDS, DecodeOperands, specs
 from jax_decode.validation import check_decode_args, check_index_values, check_num_kv_splits
-from jax_decode.xla_backend import decode_attention_xla
-
-Backend = Literal["auto", "triton", "xla", "interpret"]
-BACKENDS = ("auto", "triton", "xla", "interpret")
 
 
 def decode_attention(
@@ -91,28 +90,35 @@ def decode_attention(
       ``out [batch, num_heads, head_dim_v]`` in q's dtype, and with ``return_lse``
       also ``lse`` float32 ``[batch, num_heads]``.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    problem = check_decode_args(
-        q_shape=q.shape,
-        q_dtype=q.dtype,
-        k_shape=k_cache.shape,
-        k_dtype=k_cache.dtype,
-        v_shape=None if v_cache is None else v_cache.shape,
-        v_dtype=None if v_cache is None else v_cache.dtype,
-        page_table_shape=page_table.shape,
-        page_table_dtype=page_table.dtype,
-        seq_lens_shape=seq_lens.shape,
-        seq_lens_dtype=seq_lens.dtype,
-        head_dim_v=head_dim_v,
-        sm_scale=sm_scale,
-        logit_cap=logit_cap,
-        k_scale=_spec(k_scale := float_operand(k_scale)),
-        v_scale=_spec(v_scale := float_operand(v_scale)),
-        sinks=_spec(sinks := float_operand(sinks)),
-        window_left=window_left,
+    check_backend(backend)
+    given = DecodeOperands(
+        q, k_cache, v_cache, page_table, seq_lens, float_operand(k_scale), float_operand(v_scale), float_operand(sinks)
     )
-    num_kv_splits = check_num_kv_splits(num_kv_splits)
+    options = _Options(head_dim_v, sm_scale, logit_cap, window_left, check_num_kv_splits(num_kv_splits), backend)
+    out, lse = _decode(given, options, check_inputs)
+    return (out, lse) if return_lse else out
+
+
+class _Options(NamedTuple):
+    """decode_attention's static options, as given."""
+
+    head_dim_v: int | None
+    sm_scale: float | None
+    logit_cap: float
+    window_left: int | None
+    num_kv_splits: int | None
+    backend: str
+
+
+def _decode(given: DecodeOperands, options: _Options, check_inputs: bool = False):
+    """(out, lse) of decode_attention's operands, checked; jax.vmap folds into the batch."""
+    problem = check_decode_args(
+        specs(given),
+        head_dim_v=options.head_dim_v,
+        sm_scale=options.sm_scale,
+        logit_cap=options.logit_cap,
+        window_left=options.window_left,
+    )
     if check_inputs:
         check = functools.partial(
             check_index_values,
@@ -120,106 +126,60 @@ def decode_attention(
             page_size=problem.page_size,
             window_left=problem.window_left,
         )
-        jax.debug.callback(check, page_table, seq_lens)
-    args = DecodeArrays(
-        q, k_cache, v_cache, page_table, seq_lens,
-        scale_operand(k_scale),
-        scale_operand(v_scale),
-        None if sinks is None else sinks.astype(jnp.float32),
-    )  # fmt: skip
-    given = tuple(x is not None for x in args)
+        jax.debug.callback(check, given.page_table, given.seq_lens)
+    ops = given._replace(
+        k_scale=scale_operand(given.k_scale),
+        v_scale=scale_operand(given.v_scale),
+        sinks=None if given.sinks is None else given.sinks.astype(jnp.float32),
+    )
+    present = tuple(x is not None for x in ops)
+
+    def unflatten(items, absent):
+        it = iter(items)
+        return DecodeOperands(*(next(it) if p else absent for p in present))
 
     def compute(*arrays):
-        it = iter(arrays)
-        return _dispatch(DecodeArrays(*(next(it) if g else None for g in given)), problem, backend, num_kv_splits)
+        return _dispatch(unflatten(arrays, None), problem, options.backend, options.num_kv_splits)
 
     def fold_vmapped_axis(axis_size, in_batched, *arrays):
         """jax.vmap rule: a mapped axis of q / page_table / seq_lens joins the batch."""
-        it = iter(zip(arrays, in_batched, strict=True))
-        full = DecodeArrays(*(next(it) if g else (None, False) for g in given))
-        if any(batched for name, (_, batched) in zip(DecodeArrays._fields, full, strict=True) if name not in _ROW_ARGS):
+        batched = unflatten(in_batched, False)
+        if any(getattr(batched, name) for name in DecodeOperands._fields if name not in ROW_OPERANDS):
             raise ValueError(
                 "jax.vmap of decode_attention maps q, page_table and seq_lens over one shared "
                 "cache; k_cache and v_cache must not be mapped, nor k_scale, v_scale or sinks (give them in_axes=None)"
             )
+        full = unflatten(arrays, None)
 
-        def mapped(name):
-            x, batched = getattr(full, name)
-            return x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+        def folded(name):
+            x = getattr(full, name)
+            x = x if getattr(batched, name) else jnp.broadcast_to(x, (axis_size, *x.shape))
+            return x.reshape(-1, *x.shape[2:])
 
-        q, pt, sl = mapped("q"), mapped("page_table"), mapped("seq_lens")
-        out, lse = decode_attention(
-            q.reshape(-1, *q.shape[2:]), full.k_cache[0], full.v_cache[0],
-            pt.reshape(-1, pt.shape[-1]), sl.reshape(-1),
-            sm_scale=problem.sm_scale, logit_cap=problem.logit_cap, num_kv_splits=num_kv_splits,
-            head_dim_v=problem.head_dim_v, return_lse=True, k_scale=full.k_scale[0], v_scale=full.v_scale[0],
-            sinks=full.sinks[0], window_left=problem.window_left, backend=backend,
-        )  # fmt: skip
+        rows = full._replace(**{name: folded(name) for name in ROW_OPERANDS})
+        out, lse = _decode(rows, options)
         return (out.reshape(axis_size, -1, *out.shape[1:]), lse.reshape(axis_size, -1, lse.shape[-1])), (True, True)
 
     # triton_call has no batching rule: under jax.vmap, fold the mapped axis into the
     # batch (one launch for all of it) instead.
     vmappable = jax.custom_batching.custom_vmap(compute)
     vmappable.def_vmap(fold_vmapped_axis)
-    out, lse = vmappable(*(x for x in args if x is not None))
-    return (out, lse) if return_lse else out
+    return vmappable(*(x for x in ops if x is not None))
 
 
-class DecodeArrays(NamedTuple):
-    """decode_attention's array operands, as every backend takes them (None: not given)."""
-
-    q: jax.Array
-    k_cache: jax.Array
-    v_cache: jax.Array | None
-    page_table: jax.Array
-    seq_lens: jax.Array
-    k_scale: jax.Array | None  # float32 [1] or [num_kv_heads]
-    v_scale: jax.Array | None
-    sinks: jax.Array | None  # float32 [num_heads]
-
-
-# The operands that have one entry per row (a vmapped axis folds into their batch).
-_ROW_ARGS = ("q", "page_table", "seq_lens")
-
-
-def _spec(x):
-    return None if x is None else (x.shape, x.dtype)
-
-
-def _dispatch(args, problem, backend: str, num_kv_splits: int | None):
-    """(out, lse) of the checked arguments on the chosen backend."""
-    q = args.q
+def _dispatch(ops: DecodeOperands, problem, backend: str, num_kv_splits: int | None):
+    """(out, lse) of the checked operands on the chosen backend."""
     if problem.batch == 0:
-        out = jnp.zeros((0, problem.num_heads, problem.head_dim_v), q.dtype)
-        lse = jnp.zeros((0, problem.num_heads), jnp.float32)
-    elif backend == "xla":
-        out, lse = decode_attention_xla(*args, problem)
-    elif backend == "interpret":
-        config = make_launch_config(problem, DeviceInfo.interpreter(), num_kv_splits)
-        out, lse = decode_attention_interpret(*args, config)
-    else:
-        device = triton_backend.target_device()
-        usable = device is not None and triton_backend.jax_triton_available()
-        if backend == "triton" and not usable:
-            raise ValueError(
-                "backend='triton' needs jax_triton and a GPU visible to JAX (or a "
-                "jax_decode.compile_target(...) to lower for one); use backend='xla' on CPU"
-            )
-        if usable:
-            config = make_launch_config(problem, device, num_kv_splits)
-
-            def on_gpu():
-                return triton_backend.decode_attention_triton(*args, config)
-
-            if backend == "triton":
-                out, lse = on_gpu()
-            else:  # auto: both staged out; lowering keeps the one for its platform
-                out, lse = jax.lax.platform_dependent(
-                    cuda=on_gpu, rocm=on_gpu, default=lambda: decode_attention_xla(*args, problem)
-                )
-        else:
-            out, lse = decode_attention_xla(*args, problem)
-    return out, lse
+        out = jnp.zeros((0, problem.num_heads, problem.head_dim_v), ops.q.dtype)
+        return out, jnp.zeros((0, problem.num_heads), jnp.float32)
+    return dispatch(
+        backend,
+        on_gpu=lambda device: triton_backend.decode_attention(ops, make_launch_config(problem, device, num_kv_splits)),
+        on_xla=lambda: xla_backend.decode_attention(ops, problem),
+        on_interpreter=lambda: interpret_backend.decode_attention(
+            ops, make_launch_config(problem, DeviceInfo.interpreter(), num_kv_splits)
+        ),
+    )
 
 
 def merge_attention_states(

@@ -14,6 +14,26 @@ from __future__ import annotations
 
 import numpy as np
 
+# Elementwise tolerances against this oracle, by q's dtype: what the kernels, the xla
+# backend and both frontends are held to (tests, benchmarks, the main job).  16-bit
+# rows are looser because p is rounded to the cache dtype before p @ V (tensor-core
+# input) and the output is rounded to q's dtype; the LSE is float32 in every case.
+OUT_TOLERANCE = {
+    "float32": dict(atol=2e-5, rtol=2e-5),
+    "float16": dict(atol=4e-3, rtol=4e-3),
+    "bfloat16": dict(atol=3e-2, rtol=3e-2),
+}
+LSE_TOLERANCE = dict(atol=1e-4, rtol=1e-5)
+
+
+def tolerance_excess(got, expected, dtype: str) -> float:
+    """max(|got - expected| - (atol + rtol * |expected|)) over the elements: <= 0 passes
+    :data:`OUT_TOLERANCE` (NaN where either holds NaN, so it never passes)."""
+    tol = OUT_TOLERANCE[dtype]
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    excess = np.abs(got - expected) - (tol["atol"] + tol["rtol"] * np.abs(expected))
+    return float(np.nan) if np.isnan(excess).any() else float(excess.max(initial=-np.inf))
+
 
 def decode_attention_reference(
     q,

@@ -1,21 +1,24 @@
-"""Synthetic paged-cache problems: the one setup factory for tests, benchmarks and the main job.
+"""Synthetic paged-cache problems: the one input builder for tests, benchmarks and the main job.
 
 Random normal data (never zeros), pages handed out in a shuffled order so that a row's
-pages are not contiguous in the cache, and a few spare pages nobody uses.
+pages are not contiguous in the cache, and a few spare pages nobody uses.  The arrays
+come from an :class:`ArrayFactory`: NumPy by default (tests, the main job), or one
+that makes them on a GPU (the benchmarks' caches are gigabytes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import ml_dtypes
 import numpy as np
 
-# The six shapes of the seed's published H200 table (bf16): name -> (batch, num_heads,
-# num_kv_heads, head_dim_qk, head_dim_v, context, page_size, mla).  Shared by the GPU
-# tests and the benchmarks.
-SEED_SHAPES = {
+# The core benchmark shapes: the six rows of vLLM 0.9's published H200 table (bf16):
+# name -> (batch, num_heads, num_kv_heads, head_dim_qk, head_dim_v, context, page_size, mla).
+# Shared by the GPU tests and the benchmarks.
+CORE_SHAPES = {
     "GQA 32/8 d128 b32 ctx4096": (32, 32, 8, 128, 128, 4096, 16, False),
     "GQA 32/8 d128 b128 ctx8192": (128, 32, 8, 128, 128, 8192, 16, False),
     "GQA 32/8 d128 b1 ctx32768": (1, 32, 8, 128, 128, 32768, 16, False),
@@ -33,19 +36,57 @@ NUMPY_DTYPES = {
 }
 
 
+class ArrayFactory(Protocol):
+    """Where a problem's arrays live: how to draw, convert and quantise them."""
+
+    def normal(self, rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> Any:
+        """Standard normal values of ``dtype``, drawn from ``rng`` (or seeded by it)."""
+
+    def from_numpy(self, array: np.ndarray) -> Any: ...
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        """A host copy (bfloat16 and fp8 as ml_dtypes arrays)."""
+
+    def quantise(self, cache: Any, scale: np.ndarray | None, dtype: str) -> Any:
+        """``cache / scale`` (one scale, or one per KV head) in an fp8 ``dtype``."""
+
+
+class NumpyArrays:
+    """NumPy arrays on the host (ml_dtypes for bfloat16 and fp8)."""
+
+    def normal(self, rng, shape, dtype):
+        return rng.standard_normal(shape, dtype=np.float32).astype(NUMPY_DTYPES[dtype])
+
+    def from_numpy(self, array):
+        return array
+
+    def to_numpy(self, array):
+        return np.asarray(array)
+
+    def quantise(self, cache, scale, dtype):
+        values = cache.astype(np.float32)
+        if scale is not None:
+            values = values / scale[:, None]
+        return values.astype(NUMPY_DTYPES[dtype])
+
+
+NUMPY = NumpyArrays()
+
+
 @dataclasses.dataclass
 class PagedProblem:
-    """NumPy inputs of one decode-attention call (``v_cache`` None for MLA)."""
+    """The inputs of one decode-attention call (``v_cache`` None for MLA)."""
 
-    q: np.ndarray  # [batch, num_heads, head_dim_qk]
-    k_cache: np.ndarray  # [num_pages, page_size, num_kv_heads, head_dim_qk]
-    v_cache: np.ndarray | None  # [num_pages, page_size, num_kv_heads, head_dim_v]
-    page_table: np.ndarray  # int32 [batch, max_pages]
-    seq_lens: np.ndarray  # int32 [batch]
+    q: Any  # [batch, num_heads, head_dim_qk]
+    k_cache: Any  # [num_pages, page_size, num_kv_heads, head_dim_qk]
+    v_cache: Any | None  # [num_pages, page_size, num_kv_heads, head_dim_v]
+    page_table: Any  # int32 [batch, max_pages]
+    seq_lens: Any  # int32 [batch]
     head_dim_v: int
-    k_scale: np.ndarray | None = None  # float32 [1] or [num_kv_heads]: the cache holds K / k_scale
-    v_scale: np.ndarray | None = None
-    sinks: np.ndarray | None = None  # float32 [num_heads]
+    k_scale: Any | None = None  # float32 [1] or [num_kv_heads]: the cache holds K / k_scale
+    v_scale: Any | None = None
+    sinks: Any | None = None  # float32 [num_heads]
+    arrays_from: ArrayFactory = NUMPY
 
     @property
     def arrays(self) -> tuple:
@@ -61,10 +102,56 @@ class PagedProblem:
         """Bytes of K and V that one call must read (an MLA latent counted once)."""
         _, page_size, num_kv_heads, head_dim_qk = self.k_cache.shape
         width = head_dim_qk if self.v_cache is None else head_dim_qk + self.head_dim_v
-        tokens = np.clip(self.seq_lens, 0, self.page_table.shape[1] * page_size)
+        seq_lens = self.arrays_from.to_numpy(self.seq_lens)
+        tokens = np.clip(seq_lens, 0, self.page_table.shape[1] * page_size)
         if window_left is not None and window_left >= 0:
             tokens = np.minimum(tokens, window_left + 1)
-        return int(tokens.sum()) * num_kv_heads * width * self.k_cache.dtype.itemsize
+        itemsize = np.dtype(NUMPY_DTYPES[_dtype_name(self.k_cache.dtype)]).itemsize
+        return int(tokens.sum()) * num_kv_heads * width * itemsize
+
+    def host_rows(self, rows: Sequence[int]) -> PagedProblem:
+        """A NumPy problem of just ``rows``, its cache cut down to the pages they use
+        (for the float64 oracle on a few rows of a large problem)."""
+        to_numpy = self.arrays_from.to_numpy
+        rows = np.asarray(rows)
+        page_table = to_numpy(self.page_table)[rows]
+        num_pages = self.k_cache.shape[0]
+        used = np.unique(page_table[(page_table >= 0) & (page_table < num_pages)])
+        remap = np.full(num_pages, -1, np.int64)
+        remap[used] = np.arange(used.size)
+        table = np.where((page_table >= 0) & (page_table < num_pages), remap[np.clip(page_table, 0, num_pages - 1)], -1)
+
+        def pages(cache):
+            return None if cache is None else to_numpy(cache[self.arrays_from.from_numpy(used)])
+
+        def host(x):
+            return None if x is None else to_numpy(x)
+
+        return PagedProblem(
+            q=to_numpy(self.q)[rows],
+            k_cache=pages(self.k_cache),
+            v_cache=pages(self.v_cache),
+            page_table=table.astype(np.int32),
+            seq_lens=to_numpy(self.seq_lens)[rows],
+            head_dim_v=self.head_dim_v,
+            k_scale=host(self.k_scale),
+            v_scale=host(self.v_scale),
+            sinks=host(self.sinks),
+        )
+
+
+def _dtype_name(dtype) -> str:
+    name = getattr(dtype, "name", None)
+    return name if isinstance(name, str) else str(dtype).removeprefix("torch.")
+
+
+def long_tailed_lengths(rng: np.random.Generator, batch: int, mean: int, longest: int) -> np.ndarray:
+    """``batch`` sequence lengths from a long-tailed (log-normal) distribution of about
+    ``mean`` tokens, capped at ``longest``: most rows short, a few long, as a serving
+    batch mixes requests."""
+    sigma = 1.0
+    lengths = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, batch)
+    return np.clip(np.round(lengths), 1, longest).astype(np.int32)
 
 
 def make_paged_problem(
@@ -84,50 +171,55 @@ def make_paged_problem(
     kv_dtype: str | None = None,
     kv_scales: str = "none",
     sinks: bool = False,
+    compact: bool = False,
+    arrays: ArrayFactory = NUMPY,
 ) -> PagedProblem:
     """A random problem; ``max_pages`` defaults to what the longest row needs.
 
     ``kv_dtype`` (e.g. ``"float8_e4m3fn"``) quantises the caches: with ``kv_scales``
     ``"tensor"`` or ``"head"`` they hold ``K / k_scale`` for random scales (one, or
     one per KV head), with ``"none"`` the values themselves.  ``sinks`` draws one sink
-    logit per head.
+    logit per head.  ``compact`` gives each row only the pages its length needs (the
+    rest of its page-table row is -1 padding, never read), as a serving engine's
+    cache holds a batch of mixed lengths.  Page table, lengths, scales and sinks are drawn on the host and
+    handed to ``arrays``; q and the caches are drawn by it.
     """
     rng = np.random.default_rng(seed)
-    np_dtype = NUMPY_DTYPES[dtype]
     head_dim_v = head_dim_qk if head_dim_v is None else head_dim_v
     seq_lens = np.asarray(seq_lens, np.int32)
-    assert seq_lens.shape == (batch,), "one length per row"
+    if seq_lens.shape != (batch,):
+        raise ValueError(f"seq_lens must have one length per row, got shape {seq_lens.shape} for batch {batch}")
     pages_needed = -(-int(seq_lens.max(initial=0)) // page_size)
     max_pages = max(pages_needed, 1) if max_pages is None else max_pages
-    num_pages = batch * max_pages + spare_pages
-    order = rng.permutation(num_pages).astype(np.int32)
-    page_table = order[: batch * max_pages].reshape(batch, max_pages)
+    if compact:
+        row_pages = -(-seq_lens.astype(np.int64) // page_size)
+        num_pages = int(row_pages.sum()) + spare_pages
+        order = rng.permutation(num_pages).astype(np.int32)
+        page_table = np.full((batch, max_pages), -1, np.int32)
+        starts = np.concatenate([[0], np.cumsum(row_pages)])
+        for row in range(batch):
+            page_table[row, : row_pages[row]] = order[starts[row] : starts[row + 1]]
+    else:
+        num_pages = batch * max_pages + spare_pages
+        order = rng.permutation(num_pages).astype(np.int32)
+        page_table = order[: batch * max_pages].reshape(batch, max_pages)
 
-    def normal(*shape):
-        return rng.standard_normal(shape, dtype=np.float32).astype(np_dtype)
-
-    q = normal(batch, num_heads, head_dim_qk)
-    k_cache = normal(num_pages, page_size, num_kv_heads, head_dim_qk)
-    v_cache = None if mla else normal(num_pages, page_size, num_kv_heads, head_dim_v)
-    problem = PagedProblem(q, k_cache, v_cache, page_table, seq_lens, head_dim_v)
+    q = arrays.normal(rng, (batch, num_heads, head_dim_qk), dtype)
+    k_cache = arrays.normal(rng, (num_pages, page_size, num_kv_heads, head_dim_qk), dtype)
+    v_cache = None if mla else arrays.normal(rng, (num_pages, page_size, num_kv_heads, head_dim_v), dtype)
+    problem = PagedProblem(
+        q, k_cache, v_cache, arrays.from_numpy(page_table), arrays.from_numpy(seq_lens), head_dim_v, arrays_from=arrays
+    )
     if kv_dtype is not None:
-        problem = _quantised(problem, rng, NUMPY_DTYPES[kv_dtype], kv_scales)
+        for name in ("k", "v"):
+            cache = getattr(problem, f"{name}_cache")
+            if cache is None:
+                continue
+            scale = None
+            if kv_scales != "none":
+                scale = rng.uniform(0.2, 0.8, num_kv_heads if kv_scales == "head" else 1).astype(np.float32)
+                setattr(problem, f"{name}_scale", arrays.from_numpy(scale))
+            setattr(problem, f"{name}_cache", arrays.quantise(cache, scale, kv_dtype))
     if sinks:
-        problem.sinks = rng.uniform(-2.0, 4.0, num_heads).astype(np.float32)
-    return problem
-
-
-def _quantised(problem: PagedProblem, rng, cache_dtype, kv_scales: str) -> PagedProblem:
-    num_kv_heads = problem.k_cache.shape[2]
-
-    def quantise(cache):
-        if cache is None:
-            return None, None
-        if kv_scales == "none":
-            return cache.astype(np.float32).astype(cache_dtype), None
-        scale = rng.uniform(0.2, 0.8, num_kv_heads if kv_scales == "head" else 1).astype(np.float32)
-        return (cache.astype(np.float32) / scale[:, None]).astype(cache_dtype), scale
-
-    problem.k_cache, problem.k_scale = quantise(problem.k_cache)
-    problem.v_cache, problem.v_scale = quantise(problem.v_cache)
+        problem.sinks = arrays.from_numpy(rng.uniform(-2.0, 4.0, num_heads).astype(np.float32))
     return problem

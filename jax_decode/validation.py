@@ -19,8 +19,10 @@ from jax_decode.launch import (
     SCALE_PER_KV_HEAD,
     SCALE_PER_TENSOR,
     DecodeProblem,
+    WriteProblem,
     default_sm_scale,
 )
+from jax_decode.operands import DecodeOperands, WriteOperands
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
 FP8_DTYPES = tuple(FP8_FORMATS)  # cache-only dtypes: float8_e4m3fn, float8_e5m2
@@ -104,29 +106,24 @@ def check_num_kv_splits(num_kv_splits: object) -> int | None:
 
 
 def check_decode_args(
+    operands: DecodeOperands,
     *,
-    q_shape: Sequence[int],
-    q_dtype: object,
-    k_shape: Sequence[int],
-    k_dtype: object,
-    v_shape: Sequence[int] | None,
-    v_dtype: object | None,
-    page_table_shape: Sequence[int],
-    page_table_dtype: object,
-    seq_lens_shape: Sequence[int],
-    seq_lens_dtype: object,
     head_dim_v: int | None,
     sm_scale: float | None,
     logit_cap: float,
-    k_scale: tuple | None = None,
-    v_scale: tuple | None = None,
-    sinks: tuple | None = None,
     window_left: object = None,
 ) -> DecodeProblem:
     """Validate the arguments of ``decode_attention``; return the static problem.
 
-    ``k_scale``, ``v_scale`` and ``sinks`` are given as (shape, dtype) or None.
+    ``operands`` holds each array's :class:`~jax_decode.operands.Spec` (shape and
+    dtype), None where absent.
     """
+    q_shape, q_dtype = operands.q
+    k_shape, k_dtype = operands.k_cache
+    v_shape, v_dtype = (None, None) if operands.v_cache is None else operands.v_cache
+    page_table_shape, page_table_dtype = operands.page_table
+    seq_lens_shape, seq_lens_dtype = operands.seq_lens
+    k_scale, v_scale, sinks = operands.k_scale, operands.v_scale, operands.sinks
     _check_rank("q", q_shape, 3, "[batch, num_heads, head_dim_qk]")
     _check_rank("k_cache", k_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_qk]")
     if v_shape is not None:
@@ -248,35 +245,33 @@ def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int, 
         )
 
 
-def check_write_kv_args(
-    *,
-    k_cache: tuple,
-    v_cache: tuple | None,
-    k_new: tuple,
-    v_new: tuple | None,
-    slot_mapping: tuple,
-    k_scale: tuple | None = None,
-    v_scale: tuple | None = None,
-) -> tuple[int, int, int, int]:
-    """Validate ``write_kv``'s arguments, each given as (shape, dtype) (or None).
-
-    Returns ``(num_tokens, num_slots, k_scale mode, v_scale mode)``.  The cache layout
-    is decode_attention's (fp8 included); new rows are ``[num_tokens, num_kv_heads,
-    head_dim]`` in any supported float dtype (divided by the scale, cast to the cache's).
-    """
+def write_operands(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale):
+    """write_kv's arguments as each cache's :class:`WriteOperands` (V's None for MLA's
+    single latent cache), after the rules that pair them."""
     if (v_cache is None) != (v_new is None):
         raise ValueError("v_cache and v_new must both be given or both be None (MLA: one latent cache)")
     if v_cache is None and v_scale is not None:
         raise ValueError("v_scale must be None when v_cache is None (MLA: one latent cache, scaled by k_scale)")
+    k = WriteOperands(k_cache, k_new, slot_mapping, k_scale)
+    return k, None if v_cache is None else WriteOperands(v_cache, v_new, slot_mapping, v_scale)
+
+
+def check_write_kv_args(k: WriteOperands, v: WriteOperands | None) -> tuple[WriteProblem, WriteProblem | None]:
+    """Validate ``write_kv``'s arguments, each operand given as its :class:`Spec`.
+
+    ``k`` is the K cache's operands, ``v`` the V cache's (None for MLA's single latent
+    cache).  Returns each cache's :class:`WriteProblem`.  The cache layout is
+    decode_attention's (fp8 included); new rows are ``[num_tokens, num_kv_heads,
+    head_dim]`` in any supported float dtype (divided by the scale, cast to the cache's).
+    """
+    slot_mapping = k.slot_mapping
     _check_rank("slot_mapping", slot_mapping[0], 1, "[num_tokens]")
     _check_index_dtype("slot_mapping", dtype_name(slot_mapping[1]))
     num_tokens = slot_mapping[0][0]
-    for cache_name, cache, new_name, new in (
-        ("k_cache", k_cache, "k_new", k_new),
-        ("v_cache", v_cache, "v_new", v_new),
-    ):
-        if cache is None:
+    for cache_name, new_name, ops in (("k_cache", "k_new", k), ("v_cache", "v_new", v)):
+        if ops is None:
             continue
+        cache, new = ops.cache, ops.new
         _check_rank(cache_name, cache[0], 4, "[num_pages, page_size, num_kv_heads, head_dim]")
         _check_rank(new_name, new[0], 3, "[num_tokens, num_kv_heads, head_dim]")
         if dtype_name(cache[1]) not in FP8_DTYPES:
@@ -289,8 +284,24 @@ def check_write_kv_args(
             )
         if new[0][0] != num_tokens:
             raise ValueError(f"{new_name} has {new[0][0]} tokens but slot_mapping has {num_tokens}")
-    if v_cache is not None and tuple(v_cache[0][:3]) != tuple(k_cache[0][:3]):
-        raise ValueError(f"v_cache shape {tuple(v_cache[0])} must match k_cache shape {tuple(k_cache[0])} in its pages")
-    num_kv_heads = k_cache[0][2]
-    k_mode, v_mode = check_scale("k_scale", k_scale, num_kv_heads), check_scale("v_scale", v_scale, num_kv_heads)
-    return int(num_tokens), int(k_cache[0][0] * k_cache[0][1]), k_mode, v_mode
+    if v is not None and tuple(v.cache[0][:3]) != tuple(k.cache[0][:3]):
+        raise ValueError(f"v_cache shape {tuple(v.cache[0])} must match k_cache shape {tuple(k.cache[0])} in its pages")
+    num_pages, page_size, num_kv_heads, head_dim = k.cache[0]
+    problems = []
+    for name, ops in (("k_scale", k), ("v_scale", v)):
+        if ops is None:
+            problems.append(None)
+            continue
+        mode = check_scale(name, ops.scale, num_kv_heads)
+        problems.append(
+            WriteProblem(
+                num_tokens=int(num_tokens),
+                num_kv_heads=int(num_kv_heads),
+                head_dim=int(ops.cache[0][3]),
+                page_size=int(page_size),
+                num_pages=int(num_pages),
+                cache_dtype=dtype_name(ops.cache[1]),
+                scale=mode,
+            )
+        )
+    return problems[0], problems[1]

@@ -2,46 +2,103 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
-from jax_decode import bench
+import numpy as np
+import pytest
+
+from benchmarks import bench, suites
+from benchmarks.precompile import SpecArrays
+from jax_decode.synthetic import NUMPY
 
 
-def test_default_suite_is_the_seed_shapes_plus_fp16_and_page1_then_features():
-    suite = bench.default_suite()
-    labels = [s.label for s in suite]
-    core = [s for s in suite if not s.feature]
+def test_core_suite_is_the_core_shapes_plus_fp16_and_page1_then_features():
+    suite = suites.core_suite()
+    labels = [r.label for r in suite]
+    core = [r for r in suite if r.suite == "core"]
     assert len(core) == 8 and len(set(labels)) == len(suite)
     assert labels[6].endswith("float16") and labels[7].endswith("page1")
-    mla = next(s for s in suite if s.mla)
+    mla = next(r for r in suite if r.mla)
     assert mla.kv_bytes() == 64 * 4096 * 1 * 576 * 2  # the latent is counted once
-    fp8 = next(s for s in suite if s.kv_dtype)
+    fp8 = next(r for r in suite if r.kv_dtype)
     assert fp8.kv_bytes() == suite[0].kv_bytes() // 2  # one byte per element
-    window = next(s for s in suite if s.window_left is not None)
+    window = next(r for r in suite if r.window_left is not None)
     assert window.context == 32768 and window.kv_bytes() == suite[0].kv_bytes()  # only the window is read
 
 
-def test_summary_is_a_geometric_mean_of_percentages():
-    rows = [
-        dict(shape="a", impl="jax_decode", tbps=2.0),
-        dict(shape="b", impl="jax_decode", tbps=8.0),
-        dict(shape="a", impl="pallas", ms=None, note="skipped"),
-        dict(shape="c", impl="jax_decode", tbps=0.1, feature=True),  # not in the core geomean
+def test_model_suite_covers_the_models_batches_contexts_and_fp8():
+    rows = suites.model_suite()
+    names = {r.name for r in rows}
+    for model in ("Llama-3.1-8B", "Llama-3.1-70B TP8", "Qwen2.5-7B", "Qwen2.5-72B TP8", "Mistral-7B", "Gemma-2-9B",
+                  "gpt-oss-120b", "Phi-3-mini", "DeepSeek-V3 DP", "DeepSeek-V3 TP8"):  # fmt: skip
+        assert model in names
+    assert {r.batch for r in rows} >= {1, 128} and {r.context for r in rows} >= {1024, 32768}
+    assert any(r.lengths == "mixed" for r in rows)
+    fp8 = {r.name for r in rows if r.kv_dtype}
+    assert {"Llama-3.1-8B", "DeepSeek-V3 DP", "DeepSeek-V3 TP8"} <= fp8
+    gemma = next(r for r in rows if r.name == "Gemma-2-9B")
+    assert gemma.logit_cap == 50.0 and gemma.head_dim_qk == 256
+    assert next(r for r in rows if r.name == "gpt-oss-120b window").window_left == 127
+    assert len({r.label for r in rows}) == len(rows)
+    # Two models with one head layout are one call, timed once.
+    llama70, qwen72 = (next(r for r in rows if r.name == n) for n in ("Llama-3.1-70B TP8", "Qwen2.5-72B TP8"))
+    assert llama70.shape_key == qwen72.shape_key and llama70.label != qwen72.label
+
+
+def test_mixed_lengths_are_long_tailed_and_bytes_follow_them():
+    row = next(r for r in suites.model_suite() if r.lengths == "mixed" and r.name == "Llama-3.1-8B")
+    lengths = row.seq_lens()
+    assert lengths.max() > 4 * np.median(lengths) and lengths.min() >= 1 and lengths.max() <= suites.MIXED_LONGEST
+    assert row.kv_bytes() == int(lengths.sum()) * 8 * 256 * 2
+    assert row.flops() == 2 * int(lengths.sum()) * 32 * 256
+
+
+def test_roofline_is_the_slower_of_bytes_and_flops():
+    mla128 = next(r for r in suites.model_suite() if r.name == "DeepSeek-V3 DP" and r.batch == 64 and not r.kv_dtype)
+    lengths = mla128.seq_lens()
+    assert bench.roofline_ms(mla128, lengths, 4.3, 790.0) == pytest.approx(mla128.flops() / 790e9)  # compute-bound
+    llama = next(r for r in suites.model_suite() if r.name == "Llama-3.1-8B")
+    assert bench.roofline_ms(llama, llama.seq_lens(), 4.3, 790.0) == pytest.approx(llama.kv_bytes() / 4.3e9)
+
+
+def test_spec_problem_has_the_benchmark_problems_shapes():
+    """The precompiler plans from shapes alone: they must be the real problem's."""
+    for row in suites.model_suite()[:12]:
+        small = dataclasses.replace(row, batch=min(row.batch, 4))
+        real, spec = bench._problem_for(small, NUMPY), bench._problem_for(small, SpecArrays())
+        pairs = zip((*real.arrays, real.k_scale, real.sinks), (*spec.arrays, spec.k_scale, spec.sinks), strict=True)
+        for a, b in pairs:
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert tuple(a.shape) == b.shape and a.dtype.name == np.dtype(b.dtype).name
+
+
+def test_summary_geomeans_chosen_vs_best_and_vs_vllm():
+    def result(suite, **impls):
+        return dict(suite=suite, impls={k: dict(ms=v[0], pct_roofline=v[1]) for k, v in impls.items()})
+
+    results = [
+        result("models", torch_bridge=(2.0, 50.0), **{"best split": (2.0, 50.0)}, vllm=(4.0, 25.0)),
+        result("models", torch_bridge=(1.1, 200.0), **{"best split": (1.0, 220.0)}, vllm=(1.0, 220.0)),
+        result("core", torch_bridge=(1.0, 80.0)),
     ]
-    summary = bench.summarize(rows, ceiling_tbps=4.0)
-    assert summary == {"jax_decode": {"shapes": 2, "geomean_pct": 100.0}}
-    table = bench.format_table([dict(shape="a", impl="xla", ms=1.0, tbps=2.0, note="")], 4.0)
-    assert "50.0%" in table.splitlines()[1]
+    summary = bench.summarize(results)
+    assert summary["models"]["torch_bridge"] == dict(rows=2, geomean_pct_roofline=pytest.approx(100.0))
+    assert summary["models"]["chosen_vs_best_split"] == dict(rows=2, worst=pytest.approx(1.1), within_5pct=1)
+    assert summary["models"]["torch_vs_vllm_best"] == dict(rows=2, worst=pytest.approx(1.1), no_slower=1)
+    assert summary["core"]["torch_bridge"]["geomean_pct_roofline"] == pytest.approx(80.0)
 
 
-def test_cli_lists_shapes_and_refuses_to_time_without_a_gpu():
-    listed = subprocess.run([sys.executable, "-m", "jax_decode.bench", "--list", "--dtypes", "float16"],
+def test_cli_lists_rows_and_refuses_to_time_without_a_gpu():
+    listed = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--list", "--suite", "models"],
                             capture_output=True, text=True, check=True)  # fmt: skip
-    # Every row re-run in float16, the first shape's float16 row coinciding with itself.
-    assert listed.stdout.count("float16") == len(bench.default_suite()) - 1
-    bad = subprocess.run([sys.executable, "-m", "jax_decode.bench", "--impls", "nope"], capture_output=True, text=True)
+    assert listed.stdout.count("GFLOP") == len(suites.model_suite())
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--impls", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown implementations" in bad.stderr
+    usage = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--help"], capture_output=True, text=True)
+    assert "Suites: core" in usage.stdout and "(see above)" not in usage.stdout
 
 
 def test_gpu_span_covers_the_kernels_and_not_the_host():
@@ -49,7 +106,7 @@ def test_gpu_span_covers_the_kernels_and_not_the_host():
     the last kernel's end, gaps between them included, and nothing outside that."""
     import time
 
-    import pytest
+    from benchmarks.timing import gpu_span_ms
 
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
@@ -66,7 +123,7 @@ def test_gpu_span_covers_the_kernels_and_not_the_host():
         torch.cuda.synchronize()
 
     start = time.perf_counter()
-    span = bench.gpu_span_ms(run)
+    span = gpu_span_ms(run)
     wall = (time.perf_counter() - start) * 1e3
     # The span holds the 50 ms pause between the two matmuls, but not the profiler's
     # setup and teardown around them, which the wall clock does.

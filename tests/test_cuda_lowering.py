@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_decode
-from jax_decode.triton_backend import jax_triton_available
+from jax_decode.backends.triton import jax_triton_available
 
 if not jax_triton_available():
     if os.environ.get("JAX_DECODE_REQUIRE_LOWERING"):

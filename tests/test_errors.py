@@ -192,18 +192,36 @@ def test_mla_head_dim_v_within_qk_traces():
 def test_triton_backend_without_gpu():
     args = [GOOD[n] for n in GOOD]
     fn = lambda *a: jax_decode.decode_attention(*a, backend="triton")  # noqa: E731
-    with pytest.raises(ValueError, match=r"backend='triton' needs jax_triton and a GPU visible to JAX"):
+    with pytest.raises(ValueError, match=r"backend='triton' needs a GPU visible to JAX, or jax_decode.compile_target"):
         jax.jit(fn).trace(*args)
 
 
+def test_triton_backend_names_jax_tritons_own_import_error(monkeypatch):
+    """The message carries why jax_triton does not import, and says what to install."""
+    from jax_decode.backends import triton as triton_backend
+
+    def broken():
+        raise ImportError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(triton_backend, "import_jax_triton", broken)
+    args = [GOOD[n] for n in GOOD]
+    fn = lambda *a: jax_decode.decode_attention(*a, backend="triton")  # noqa: E731
+    with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
+        with pytest.raises(ValueError, match=r"needs jax_triton, which does not import here \(ImportError: libcuda"):
+            jax.jit(fn).trace(*args)
+    # auto falls back to xla without a word.
+    jax.jit(lambda *a: jax_decode.decode_attention(*a)).trace(*args)
+
+
 def test_batch_beyond_the_grid_limit_is_refused():
+    from jax_decode.operands import DecodeOperands, Spec
     from jax_decode.validation import check_decode_args
 
     with pytest.raises(ValueError, match=r"q batch \(70000\) must be at most 65535"):
         check_decode_args(
-            q_shape=(70000, 4, 16), q_dtype="float32", k_shape=(8, 16, 4, 16), k_dtype="float32",
-            v_shape=None, v_dtype=None, page_table_shape=(70000, 2), page_table_dtype="int32",
-            seq_lens_shape=(70000,), seq_lens_dtype="int32", head_dim_v=16, sm_scale=None, logit_cap=0.0,
+            DecodeOperands(Spec((70000, 4, 16), "float32"), Spec((8, 16, 4, 16), "float32"), None,
+                           Spec((70000, 2), "int32"), Spec((70000,), "int32")),
+            head_dim_v=16, sm_scale=None, logit_cap=0.0,
         )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from conftest import HAS_GPU
 
-from jax_decode.kernels import _fp8_bits
+from jax_decode.kernels.write_cache import fp8_bits
 from jax_decode.launch import FP8_FORMATS
 
 
@@ -19,7 +19,7 @@ from jax_decode.launch import FP8_FORMATS
 def _quantise(x_ptr, y_ptr, N: tl.constexpr, MAN: tl.constexpr, BIAS: tl.constexpr, LIMIT: tl.constexpr):
     offs = tl.program_id(0) * N + tl.arange(0, N)
     x = tl.minimum(tl.maximum(tl.load(x_ptr + offs), -LIMIT), LIMIT)
-    tl.store(y_ptr + offs, _fp8_bits(x, MAN, BIAS))
+    tl.store(y_ptr + offs, fp8_bits(x, MAN, BIAS))
 
 
 def _values() -> np.ndarray:
@@ -48,9 +48,9 @@ def test_fp8_rounding_matches_ml_dtypes(fmt):
     else:
         from triton.runtime.interpreter import InterpretedFunction
 
-        from jax_decode.torch_launch import _interpreting
+        from jax_decode.interpreter import interpreting
 
-        with _interpreting():
+        with interpreting():
             InterpretedFunction(_quantise.fn)[grid](x_t, y_t, N=1024, MAN=man, BIAS=bias, LIMIT=limit)
     expected = np.clip(x, -limit, limit).astype(getattr(ml_dtypes, fmt)).view(np.uint8)
     np.testing.assert_array_equal(y_t.cpu().numpy(), expected)

@@ -2,8 +2,8 @@
 
 CUDA tensors run the compiled kernels, CPU tensors run them in Triton's interpreter.
 Every launch goes through :func:`jax_decode.launch.make_launch_config` and
-:func:`jax_decode.torch_launch.launch_decode`, exactly as the JAX frontend's, so the
-same inputs give the same launch and bit-identical results.
+:func:`torch_bridge.launcher.launch_decode`, with the JAX frontend's argument checks
+and operand order, so the same inputs give the same launch and bit-identical results.
 
 The op ``jax_decode::decode_attention_`` writes ``out``, ``lse`` and the float32
 ``scratch`` in place and allocates nothing, so ``torch.compile(fullgraph=True)`` sees
@@ -18,22 +18,17 @@ import functools
 
 import torch
 
-from jax_decode.launch import (
-    DeviceInfo,
-    LaunchConfig,
-    check_cache_dtype_on_device,
-    make_launch_config,
-    write_cache_launch,
-)
+from jax_decode.launch import DeviceInfo, LaunchConfig, check_cache_dtype_on_device, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
-from jax_decode.torch_launch import launch_decode, launch_write_cache
+from jax_decode.operands import DecodeOperands, specs
 from jax_decode.validation import (
     check_decode_args,
     check_index_values,
     check_num_kv_splits,
     check_write_kv_args,
-    dtype_name,
+    write_operands,
 )
+from torch_bridge.launcher import launch_decode, launch_write
 
 
 @functools.cache
@@ -52,47 +47,25 @@ def device_info(device: torch.device) -> DeviceInfo:
     raise ValueError(f"tensors must be on a CUDA device or the CPU (interpreter), got {device}")
 
 
-def _plan_uncached(
-    q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, head_dim_v, sm_scale, logit_cap,
-    window_left, num_kv_splits, device,
-):  # fmt: skip
+def _plan_uncached(operand_specs: DecodeOperands, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits, device):
     """Check the arguments (shapes, dtypes, scalars) and make the launch config."""
     problem = check_decode_args(
-        q_shape=q.shape, q_dtype=q.dtype, k_shape=k_cache.shape, k_dtype=k_cache.dtype,
-        v_shape=None if v_cache is None else v_cache.shape, v_dtype=None if v_cache is None else v_cache.dtype,
-        page_table_shape=page_table.shape, page_table_dtype=page_table.dtype,
-        seq_lens_shape=seq_lens.shape, seq_lens_dtype=seq_lens.dtype,
-        head_dim_v=head_dim_v, sm_scale=sm_scale, logit_cap=logit_cap,
-        k_scale=k_scale, v_scale=v_scale, sinks=sinks, window_left=window_left,
-    )  # fmt: skip
+        operand_specs, head_dim_v=head_dim_v, sm_scale=sm_scale, logit_cap=logit_cap, window_left=window_left
+    )
     return make_launch_config(problem, device_info(device), check_num_kv_splits(num_kv_splits))
 
 
 _plan_cached = functools.lru_cache(maxsize=4096)(_plan_uncached)
 
 
-class _Spec(tuple):
-    """(shape, dtype) of a tensor: hashable, and all that the checks read."""
-
-    @property
-    def shape(self):
-        return self[0]
-
-    @property
-    def dtype(self):
-        return self[1]
-
-
-def _plan(tensors: tuple, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits) -> LaunchConfig:
+def _plan(ops: DecodeOperands, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits) -> LaunchConfig:
     """The launch config for these tensors; cached on shapes, dtypes and options.
 
-    ``tensors``: (q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks),
-    None where absent.  Checks and config are pure functions of (shape, dtype, options,
-    device), so an eager call pays one dict lookup; torch.compile traces the uncached
-    function.
+    ``ops``: torch tensors, v_cache None for MLA.  Checks and config are pure functions
+    of (shape, dtype, options, device), so an eager call pays one dict lookup;
+    torch.compile traces the uncached function.
     """
-    specs = [None if t is None else _Spec((tuple(t.shape), t.dtype)) for t in tensors]
-    args = (*specs, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits, tensors[0].device)
+    args = (specs(ops), head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits, ops.q.device)
     if torch.compiler.is_compiling():
         return _plan_uncached(*args)
     try:
@@ -132,37 +105,27 @@ def _decode_attention_op(
     window_left: int,
     num_kv_splits: int,
 ) -> None:
-    v_cache_or_none, v_scale_or_none = (None, None) if v_from_k else (v_cache, v_scale)
-    tensors = (q, k_cache, v_cache_or_none, page_table, seq_lens, k_scale, v_scale_or_none, sinks)
-    config = _plan(tensors, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
-    _launch(config, (q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks), out, lse, scratch)
+    ops = DecodeOperands(q, k_cache, None if v_from_k else v_cache, page_table, seq_lens, k_scale,
+                         None if v_from_k else v_scale, sinks)  # fmt: skip
+    config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+    launch_decode(config, ops, *_split_scratch(scratch, config), out, lse)
 
 
-def _launch(config: LaunchConfig, tensors: tuple, out, lse, scratch) -> None:
-    q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks = tensors
-    mid_o, mid_lse = _split_scratch(scratch, config)
-    launch_decode(
-        config, q, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse, out, lse,
-        k_scale=k_scale, v_scale=v_scale, sinks=sinks, interpret=q.device.type == "cpu",
-    )  # fmt: skip
-
-
-def _run_op(config: LaunchConfig, tensors: tuple, out, lse, scratch) -> None:
+def _run_op(config: LaunchConfig, ops: DecodeOperands, out, lse, scratch) -> None:
     """Through the custom op under torch.compile (opaque to it); directly otherwise.
 
-    ``tensors`` as for :func:`_launch` (v_cache is k_cache for MLA).  The op's dispatch
-    costs tens of microseconds per call, and eager callers (CUDA graph capture
-    included) do not need it.
+    The op's dispatch costs tens of microseconds per call, and eager callers (CUDA
+    graph capture included) do not need it.
     """
     if torch.compiler.is_compiling():
         p = config.problem
-        q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks = tensors
         torch.ops.jax_decode.decode_attention_(
-            q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch, k_scale, v_scale, sinks,
-            p.sm_scale, p.logit_cap, p.head_dim_v, p.v_from_k, p.window_left, config.num_kv_splits,
+            ops.q, ops.k_cache, ops.k_cache if p.v_from_k else ops.v_cache, ops.page_table, ops.seq_lens, out, lse,
+            scratch, ops.k_scale, ops.v_scale, ops.sinks, p.sm_scale, p.logit_cap, p.head_dim_v, p.v_from_k,
+            p.window_left, config.num_kv_splits,
         )  # fmt: skip
     else:
-        _launch(config, tensors, out, lse, scratch)
+        launch_decode(config, ops, *_split_scratch(scratch, config), out, lse)
 
 
 @_decode_attention_op.register_fake
@@ -279,9 +242,9 @@ def decode_attention(
     """
     k_scale, v_scale = _float_tensor("k_scale", k_scale, q), _float_tensor("v_scale", v_scale, q)
     sinks = _float_tensor("sinks", sinks, q)
-    tensors = (q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
-    _check_tensors(_DECODE_NAMES, (*tensors, out))
-    config = _plan(tensors, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+    ops = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
+    _check_tensors(_DECODE_NAMES, (*ops, out))
+    config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
     if check_inputs:
         _check_values(page_table, seq_lens, config)
     problem = config.problem
@@ -293,8 +256,7 @@ def decode_attention(
     lse = q.new_empty((problem.batch, problem.num_heads), dtype=torch.float32)
     scratch_size = (problem.head_dim_v + 1) * config.mid_lse_shape[0] * config.mid_lse_shape[1] * config.num_kv_splits
     scratch = q.new_empty((scratch_size,), dtype=torch.float32)
-    v_or_latent = k_cache if v_cache is None else v_cache
-    _run_op(config, (q, k_cache, v_or_latent, page_table, seq_lens, k_scale, v_scale, sinks), out, lse, scratch)
+    _run_op(config, ops, out, lse, scratch)
     return (out, lse) if return_lse else out
 
 
@@ -339,11 +301,10 @@ def decode_attention_fwd(
         and v_buffer.shape[:-1] == k_buffer.shape[:-1]
         and (v_scale is None or v_scale is k_scale)
     )
-    if v_from_k:
-        v_scale = None  # V is K's latent: K's scale
-    tensors = (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, None)
-    plan_tensors = (q, k_buffer, None, req_to_token, b_seq_len, k_scale, None, None) if v_from_k else tensors
-    config = _plan(plan_tensors, v_buffer.shape[-1], sm_scale, logit_cap, None, num_kv_splits)
+    # V is K's latent (MLA): read through K's tile, with K's scale.
+    ops = DecodeOperands(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len, k_scale,
+                         None if v_from_k else v_scale)  # fmt: skip
+    config = _plan(ops, v_buffer.shape[-1], sm_scale, logit_cap, None, num_kv_splits)
     problem = config.problem
     expected = (problem.batch, problem.num_heads, num_kv_splits, problem.head_dim_v + 1)
     if tuple(attn_logits.shape) != expected or attn_logits.dtype != torch.float32:
@@ -356,7 +317,7 @@ def decode_attention_fwd(
                          f"got {o.dtype} of shape {tuple(o.shape)}")  # fmt: skip
     if check_inputs:
         _check_values(req_to_token, b_seq_len, config)
-    _run_op(config, tensors, o, _lse_sink(q, config), attn_logits)
+    _run_op(config, ops, o, _lse_sink(q, config), attn_logits)
 
 
 def merge_attention_states(
@@ -386,21 +347,8 @@ def write_kv(
     names = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping", "k_scale", "v_scale")
     _check_tensors(names, (k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale))
 
-    def spec(t):
-        return None if t is None else (tuple(t.shape), t.dtype)
-
-    num_tokens, num_slots, k_mode, v_mode = check_write_kv_args(
-        k_cache=spec(k_cache), v_cache=spec(v_cache), k_new=spec(k_new), v_new=spec(v_new),
-        slot_mapping=spec(slot_mapping), k_scale=spec(k_scale), v_scale=spec(v_scale),
-    )  # fmt: skip
-    for cache, new, scale, mode in ((k_cache, k_new, k_scale, k_mode), (v_cache, v_new, v_scale, v_mode)):
-        if cache is None:
-            continue
-        check_cache_dtype_on_device(dtype_name(cache.dtype), device_info(cache.device))
-        launch = write_cache_launch(
-            num_tokens, cache.shape[2], cache.shape[3], cache.shape[1], new.stride()[:2], cache.stride()[:3],
-            dtype_name(cache.dtype), mode,
-        )  # fmt: skip
-        launch_write_cache(
-            launch, new, slot_mapping, num_slots, cache, scale=scale, interpret=cache.device.type == "cpu"
-        )
+    k, v = write_operands(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
+    for ops, problem in zip((k, v), check_write_kv_args(specs(k), None if v is None else specs(v)), strict=True):
+        if ops is not None:
+            check_cache_dtype_on_device(problem.cache_dtype, device_info(ops.cache.device))
+            launch_write(problem, ops)

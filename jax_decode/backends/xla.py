@@ -10,30 +10,29 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_decode.launch import DecodeProblem
+from jax_decode.launch import FP8_FORMATS, DecodeProblem, WriteProblem
+from jax_decode.operands import DecodeOperands, WriteOperands
 
 
-def decode_attention_xla(
-    q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, problem: DecodeProblem
-):  # fmt: skip
+def decode_attention(ops: DecodeOperands, problem: DecodeProblem):
     """Returns (out [batch, num_heads, head_dim_v] in q's dtype, lse f32 [batch, num_heads]).
 
     ``k_scale``/``v_scale`` float32 ``[1]`` or ``[num_kv_heads]`` or None; ``sinks``
     float32 ``[num_heads]`` or None.
     """
     p = problem
-    page_ok = (page_table >= 0) & (page_table < p.num_pages)
-    pages = jnp.where(page_ok, page_table, 0)
+    page_ok = (ops.page_table >= 0) & (ops.page_table < p.num_pages)
+    pages = jnp.where(page_ok, ops.page_table, 0)
 
     def gather(cache, scale):  # [num_pages, page_size, kv, d] -> [batch, capacity, kv, d] f32
         rows = cache[pages].astype(jnp.float32)
         rows = rows.reshape(p.batch, p.capacity, p.num_kv_heads, cache.shape[-1])
         return rows if scale is None else rows * scale[:, None]
 
-    keys = gather(k_cache, k_scale)
-    values = keys[..., : p.head_dim_v] if p.v_from_k else gather(v_cache, v_scale)
+    keys = gather(ops.k_cache, ops.k_scale)
+    values = keys[..., : p.head_dim_v] if p.v_from_k else gather(ops.v_cache, ops.v_scale)
     positions = jnp.arange(p.capacity)
-    lengths = jnp.clip(seq_lens, 0, p.capacity)
+    lengths = jnp.clip(ops.seq_lens, 0, p.capacity)
     token_ok = (positions[None, :] < lengths[:, None]) & jnp.repeat(page_ok, p.page_size, axis=1)
     if p.window_left >= 0:
         token_ok &= positions[None, :] >= lengths[:, None] - 1 - p.window_left
@@ -41,15 +40,15 @@ def decode_attention_xla(
     # Zero the values of masked tokens: weight 0 times a stale NaN/inf would still be NaN.
     values = jnp.where(token_ok[:, :, None, None], values, 0.0)
 
-    grouped_q = q.astype(jnp.float32).reshape(p.batch, p.num_kv_heads, p.kv_group, p.head_dim_qk)
+    grouped_q = ops.q.astype(jnp.float32).reshape(p.batch, p.num_kv_heads, p.kv_group, p.head_dim_qk)
     hi = jax.lax.Precision.HIGHEST
     scores = jnp.einsum("bkgd,btkd->bkgt", grouped_q, keys, precision=hi) * p.sm_scale
     if p.logit_cap > 0:
         scores = p.logit_cap * jnp.tanh(scores / p.logit_cap)
     scores = jnp.where(token_ok[:, None, None, :], scores, -jnp.inf)
     peak = scores.max(axis=-1)
+    sinks = None if ops.sinks is None else ops.sinks.reshape(p.num_kv_heads, p.kv_group)
     if sinks is not None:
-        sinks = sinks.reshape(p.num_kv_heads, p.kv_group)
         peak = jnp.maximum(peak, sinks)
     peak = jnp.where(peak == -jnp.inf, 0.0, peak)  # an empty row must not give NaN
     weights = jnp.exp(scores - peak[..., None])
@@ -59,5 +58,20 @@ def decode_attention_xla(
     safe_total = jnp.where(total > 0, total, 1.0)
     out = jnp.einsum("bkgt,btkd->bkgd", weights, values, precision=hi) / safe_total[..., None]
     lse = jnp.where(total > 0, peak + jnp.log(safe_total), -jnp.inf)
-    out = out.reshape(p.batch, p.num_heads, p.head_dim_v).astype(q.dtype)
+    out = out.reshape(p.batch, p.num_heads, p.head_dim_v).astype(ops.q.dtype)
     return out, lse.reshape(p.batch, p.num_heads)
+
+
+def write_cache(ops: WriteOperands, problem: WriteProblem):
+    """The cache with this step's rows scattered into their slots (slots outside the cache dropped)."""
+    cache, new, slots = ops.cache, ops.new, ops.slot_mapping
+    num_slots = problem.num_slots
+    flat = cache.reshape(num_slots, *cache.shape[2:])
+    in_range = (slots >= 0) & (slots < num_slots)
+    index = jnp.where(in_range, slots, num_slots)  # past the end: dropped below
+    if ops.scale is not None:
+        new = new.astype(jnp.float32) / ops.scale[:, None]
+    fp8 = FP8_FORMATS.get(problem.cache_dtype)
+    if fp8 is not None:  # the kernel's rule: clamp to the finite range, then round
+        new = jnp.clip(new.astype(jnp.float32), -fp8.largest, fp8.largest)
+    return flat.at[index].set(new.astype(cache.dtype), mode="drop").reshape(cache.shape)

@@ -1,0 +1,482 @@
+"""``python -m benchmarks.bench``: decode attention on a CUDA GPU against its roofline.
+
+Measures, in one run: the copy bandwidth and the bf16 matmul throughput of the GPU
+(the two ceilings), then for every row of the chosen suites (:mod:`benchmarks.suites`)
+
+* ``torch_bridge``: the launch the launch config chooses, and -- ``best split`` -- the
+  fastest of :data:`SPLIT_SWEEP` for the same kernels, so the table shows how far the
+  choice is from the best this kernel can do;
+* ``jax_decode``: the jitted triton backend;
+* ``vllm``: vLLM 0.9's ``decode_attention_fwd`` where it imports
+  (``vllm.attention.ops.triton_decode_attention``) and supports the row, at its best
+  ``num_kv_splits`` of :data:`VLLM_SPLITS`;
+* ``pallas`` (JAX's GPU ``paged_attention``) and ``xla`` where asked for.
+
+Every output is checked against the float64 oracle (on two rows) before it is timed; a
+wrong one is reported and not timed.  Time is device time by default -- torch replays a
+CUDA graph of 32 calls, JAX runs them in one jitted program whose GPU span the
+profiler records -- or per call with ``--per-call``.  Each row reports time, the
+roofline ``max(KV bytes / copy bandwidth, FLOPs / matmul throughput)`` and the % of it
+reached; the summary gives geometric means per suite.  Writes ``bench.json`` and
+``bench.png`` to ``--out``.
+
+    python -m benchmarks.bench --suite core --impls torch_bridge,jax_decode,vllm
+    python -m benchmarks.bench --suite models --out bench_out
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch share the GPU
+
+from benchmarks.suites import SUITES, Row  # noqa: E402
+
+IMPLEMENTATIONS = ("torch_bridge", "best split", "jax_decode", "vllm", "pallas", "xla")
+DEFAULT_IMPLS = ("torch_bridge", "best split", "jax_decode", "vllm")
+SPLIT_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+VLLM_SPLITS = (2, 4, 8, 16, 32, 64)
+CHECKED_ROWS = 2
+
+
+# --------------------------------------------------------------------------- rows and summary
+
+
+def roofline_ms(row: Row, seq_lens, copy_tbps: float, matmul_tflops: float) -> float:
+    """The least time the row can take: its KV bytes at the copy rate, or its FLOPs at
+    the matmul rate, whichever is longer."""
+    return max(row.kv_bytes(seq_lens) / copy_tbps / 1e9, row.flops(seq_lens) / matmul_tflops / 1e9)
+
+
+def summarize(results: list[dict]) -> dict:
+    """Per suite and implementation: geometric mean of % of roofline over the rows it
+    ran; for ``torch_bridge`` also how close the chosen launch came to the best split,
+    and for every implementation its ratio to vLLM's best where both ran."""
+    summary: dict = {}
+    for suite in sorted({r["suite"] for r in results}):
+        rows = [r for r in results if r["suite"] == suite]
+        per_impl = {}
+        for impl in IMPLEMENTATIONS:
+            values = [r["impls"][impl]["pct_roofline"] for r in rows if r["impls"].get(impl, {}).get("ms")]
+            if values:
+                per_impl[impl] = dict(
+                    rows=len(values), geomean_pct_roofline=math.exp(sum(map(math.log, values)) / len(values))
+                )
+        chosen_vs_best = [
+            r["impls"]["torch_bridge"]["ms"] / r["impls"]["best split"]["ms"]
+            for r in rows
+            if r["impls"].get("torch_bridge", {}).get("ms") and r["impls"].get("best split", {}).get("ms")
+        ]
+        if chosen_vs_best:
+            per_impl["chosen_vs_best_split"] = dict(
+                rows=len(chosen_vs_best),
+                worst=max(chosen_vs_best),
+                within_5pct=sum(x <= 1.05 for x in chosen_vs_best),
+            )
+        vs_vllm = [
+            r["impls"]["torch_bridge"]["ms"] / r["impls"]["vllm"]["ms"]
+            for r in rows
+            if r["impls"].get("torch_bridge", {}).get("ms") and r["impls"].get("vllm", {}).get("ms")
+        ]
+        if vs_vllm:
+            per_impl["torch_vs_vllm_best"] = dict(
+                rows=len(vs_vllm), worst=max(vs_vllm), no_slower=sum(x <= 1.0 for x in vs_vllm)
+            )
+        summary[suite] = per_impl
+    return summary
+
+
+def format_row(result: dict, impls: tuple[str, ...]) -> str:
+    cells = []
+    for impl in impls:
+        r = result["impls"].get(impl)
+        if r is None:
+            cells.append(f"{'':>17}")
+        elif r.get("ms") is None:
+            cells.append(f"{(r.get('note') or '-')[:17]:>17}")
+        else:
+            cells.append(f"{r['ms'] * 1e3:8.1f} {r['pct_roofline']:6.1f}% ")
+    bound = "flops" if result["compute_bound"] else "bytes"
+    return f"{result['label'][:46]:<46} {result['roofline_ms'] * 1e3:8.1f} {bound:>5} " + " ".join(cells)
+
+
+def format_header(impls: tuple[str, ...]) -> str:
+    heads = " ".join(f"{impl + ' us, %':>17}" for impl in impls)
+    return f"{'row':<46} {'roofline':>8} {'bound':>5} " + heads
+
+
+# --------------------------------------------------------------------------- the GPU part
+
+
+def _problem_for(row: Row, arrays, seed: int = 0):
+    """The row's inputs, made by ``arrays`` (an :class:`~jax_decode.synthetic.ArrayFactory`)."""
+    from jax_decode.synthetic import make_paged_problem
+
+    seq_lens = row.seq_lens()
+    return make_paged_problem(
+        batch=row.batch,
+        num_heads=row.num_heads,
+        num_kv_heads=row.num_kv_heads,
+        head_dim_qk=row.head_dim_qk,
+        head_dim_v=row.head_dim_v,
+        page_size=row.page_size,
+        seq_lens=seq_lens,
+        dtype=row.dtype,
+        mla=row.mla,
+        max_pages=-(-max(row.context, int(seq_lens.max())) // row.page_size),
+        seed=seed,
+        kv_dtype=row.kv_dtype,
+        kv_scales="head" if row.kv_dtype else "none",
+        sinks=row.sinks,
+        compact=row.lengths == "mixed",
+        arrays=arrays,
+    )
+
+
+def _problems(row: Row, copies: int):
+    """``copies`` independent input sets as torch CUDA tensors."""
+    from benchmarks.inputs import TorchArrays
+
+    return [_problem_for(row, TorchArrays("cuda"), seed) for seed in range(copies)]
+
+
+def _options(row: Row) -> dict:
+    """Keyword options of our implementations (scales and sinks come with the problem)."""
+    options = dict(logit_cap=row.logit_cap)
+    if row.mla:
+        options["head_dim_v"] = row.head_dim_v
+    if row.window_left is not None:
+        options["window_left"] = row.window_left
+    return options
+
+
+def _oracle(row: Row, problem) -> tuple[list[int], object]:
+    """The float64 oracle's output on a few rows (the longest and the first)."""
+    from jax_decode.reference import decode_attention_reference
+
+    seq_lens = problem.arrays_from.to_numpy(problem.seq_lens)
+    rows = sorted({int(seq_lens.argmax()), 0})[:CHECKED_ROWS]
+    host = problem.host_rows(rows)
+    expected, _ = decode_attention_reference(
+        *host.arrays, head_dim_v=row.head_dim_v if row.mla else None, **host.extras, **_options(row)
+    )
+    return rows, expected
+
+
+def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
+    """name -> (kind, payload): ("torch", fn(problem) -> out), ("splits", {splits: fn}),
+    ("jax", jitted fn), ("skip", reason)."""
+    import jax
+    import torch
+
+    import jax_decode
+    import torch_bridge
+
+    options = _options(row)
+    impls: dict[str, tuple] = {}
+    out_shape = (row.batch, row.num_heads, row.head_dim_v)
+
+    def bridge(splits=None):
+        out = torch.empty(out_shape, device="cuda", dtype=getattr(torch, row.dtype))
+
+        def run(p):
+            return torch_bridge.decode_attention(*p.arrays, out=out, num_kv_splits=splits, **p.extras, **options)
+
+        return run
+
+    if "torch_bridge" in wanted:
+        impls["torch_bridge"] = ("torch", bridge())
+    if "best split" in wanted:
+        impls["best split"] = ("splits", {s: bridge(s) for s in sweep})
+    for name, backend in (("jax_decode", "triton"), ("xla", "xla")):
+        if name in wanted:
+            fn = jax.jit(lambda *a, backend=backend, **kw: jax_decode.decode_attention(*a, backend=backend, **kw,
+                                                                                     **options))  # fmt: skip
+            impls[name] = ("jax", fn)
+    if "vllm" in wanted:
+        impls["vllm"] = _vllm(row)
+    if "pallas" in wanted:
+        impls["pallas"] = _pallas(row)
+    return impls
+
+
+def _vllm(row: Row):
+    if row.kv_dtype or row.window_left is not None or row.sinks:
+        return ("skip", "unsupported")
+    try:
+        from vllm.attention.ops.triton_decode_attention import decode_attention_fwd
+    except Exception as error:  # not installed here
+        return ("skip", f"no import: {type(error).__name__}")
+    import torch
+
+    def make(splits):
+        out = torch.empty(row.batch, row.num_heads, row.head_dim_v, device="cuda", dtype=getattr(torch, row.dtype))
+        logits = torch.empty(row.batch, row.num_heads, splits, row.head_dim_v + 1, device="cuda")
+
+        def run(p):
+            q, k, v, pt, sl = p.arrays
+            v = k[..., : row.head_dim_v] if v is None else v
+            decode_attention_fwd(
+                q, k, v, out, pt, sl, logits, splits, row.head_dim_qk**-0.5, row.page_size, row.logit_cap
+            )
+            return out
+
+        return run
+
+    return ("splits", {s: make(s) for s in VLLM_SPLITS})
+
+
+def _pallas(row: Row):
+    if row.mla or row.head_dim_qk != row.head_dim_v or row.kv_dtype or row.window_left is not None or row.sinks:
+        return ("skip", "unsupported")
+    if row.logit_cap or row.lengths == "mixed":
+        return ("skip", "unsupported")
+    try:
+        from jax.experimental.pallas.ops.gpu import paged_attention as pallas_paged
+    except Exception as error:  # removed or broken in this JAX
+        return ("skip", f"no import: {type(error).__name__}")
+    import jax
+
+    def run(q, k, v, pt, sl):
+        # Pallas applies no score scale and wants [num_kv_heads, num_pages, page_size, head_dim] caches.
+        return pallas_paged.paged_attention(
+            q * row.head_dim_qk**-0.5, k.transpose(2, 0, 1, 3), v.transpose(2, 0, 1, 3), pt, sl,
+            pages_per_compute_block=max(1, 64 // row.page_size),
+        )  # fmt: skip
+
+    return ("jax", jax.jit(run))
+
+
+def bench_row(row: Row, wanted, ceilings: dict, device_time: bool, sweep: tuple[int, ...]) -> dict:
+    import jax
+    import torch
+
+    import torch_bridge
+    from benchmarks import timing
+    from jax_decode.reference import tolerance_excess
+
+    seq_lens = row.seq_lens()
+    roofline = roofline_ms(row, seq_lens, ceilings["copy_tbps"], ceilings["matmul_tflops"])
+    compute_bound = row.flops(seq_lens) / ceilings["matmul_tflops"] > row.kv_bytes(seq_lens) / ceilings["copy_tbps"]
+    problems = _problems(row, timing.input_sets_needed(row.kv_bytes(seq_lens)))
+    checked_rows, expected = _oracle(row, problems[0])
+    result = dict(
+        label=row.label,
+        suite=row.suite,
+        row=dataclasses.asdict(row),
+        kv_bytes=row.kv_bytes(seq_lens),
+        flops=row.flops(seq_lens),
+        roofline_ms=roofline,
+        compute_bound=compute_bound,
+        impls={},
+    )
+
+    def checked(out) -> str | None:
+        got = out[checked_rows].float().cpu().numpy()
+        excess = tolerance_excess(got, expected, row.dtype)
+        return None if excess <= 0 else f"WRONG by {excess:.2g}"
+
+    def record(impl, ms=None, note="", **extra):
+        entry = dict(ms=ms, note=note, **extra)
+        if ms is not None:
+            entry["pct_roofline"] = 100 * roofline / ms
+            entry["tbps"] = result["kv_bytes"] / ms / 1e9
+        result["impls"][impl] = entry
+
+    for name, (kind, payload) in _implementations(row, wanted, sweep).items():
+        try:
+            if kind == "skip":
+                record(name, note=payload)
+            elif kind == "torch":
+                wrong = checked(payload(problems[0]))
+                record(name, None if wrong else timing.time_torch(payload, problems, device_time), note=wrong or "")
+            elif kind == "splits":
+                by_split = {}
+                for splits, fn in payload.items():
+                    wrong = checked(fn(problems[0]))
+                    by_split[splits] = None if wrong else timing.time_torch(fn, problems, device_time, rep_ms=40)
+                timed = {s: ms for s, ms in by_split.items() if ms is not None}
+                if not timed:
+                    record(name, note="WRONG at every split")
+                else:
+                    best = min(timed, key=timed.get)
+                    record(name, timed[best], note=f"splits {best}", splits=best, by_split=by_split)
+            elif kind == "jax":
+                arg_sets = [
+                    (tuple(None if t is None else torch_bridge.to_jax(t) for t in p.arrays),
+                     {k: torch_bridge.to_jax(t) for k, t in p.extras.items()})
+                    for p in problems
+                ]  # fmt: skip
+                fn = payload
+                out = torch_bridge.to_torch(jax.block_until_ready(fn(*arg_sets[0][0], **arg_sets[0][1])))
+                wrong = checked(out)
+                flat = [(*a, kw) for a, kw in arg_sets]
+                ms = None if wrong else timing.time_jax(lambda *a, fn=fn: fn(*a[:-1], **a[-1]), flat, device_time)
+                record(name, ms, note=wrong or "")
+        except Exception as error:  # one failing implementation must not end the run
+            record(name, note=f"failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}")
+        torch.cuda.synchronize()
+    if "torch_bridge" in result["impls"]:
+        config = _launch_config(row, problems[0])
+        result["chosen"] = dict(
+            variant=config.variant, splits=config.num_kv_splits, block_h=config.block_h, block_n=config.block_n,
+            warps=config.num_warps, stages=config.num_stages,
+        )  # fmt: skip
+    del problems
+    torch.cuda.empty_cache()
+    return result
+
+
+def _launch_config(row: Row, problem, num_kv_splits: int | None = None):
+    """The launch config torch_bridge plans for ``problem`` (torch CUDA tensors)."""
+    import torch
+
+    from jax_decode.launch import DeviceInfo, make_launch_config
+    from jax_decode.operands import DecodeOperands, specs
+    from jax_decode.validation import check_decode_args
+
+    extras = problem.extras
+    ops = DecodeOperands(*problem.arrays, extras.get("k_scale"), extras.get("v_scale"), extras.get("sinks"))
+    options = _options(row)
+    checked = check_decode_args(
+        specs(ops), head_dim_v=options.get("head_dim_v"), sm_scale=None, logit_cap=row.logit_cap,
+        window_left=row.window_left,
+    )  # fmt: skip
+    props = torch.cuda.get_device_properties(0)
+    device = DeviceInfo("nvidia", props.major * 10 + props.minor, props.multi_processor_count)
+    return make_launch_config(checked, device, num_kv_splits)
+
+
+def environment() -> dict:
+    import jax
+    import torch
+    import triton
+
+    env = dict(
+        gpu=torch.cuda.get_device_name(),
+        python=platform.python_version(),
+        jax=jax.__version__,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        date=time.strftime("%Y-%m-%d"),
+    )
+    try:
+        from jax_decode.backends.triton import import_jax_triton  # keeps TRITON_CACHE_DIR usable
+
+        env["jax_triton"] = import_jax_triton().__version__
+    except Exception:  # not installed: the jax_decode rows will say why they failed
+        pass
+    return env
+
+
+def plot(results: list[dict], impls: tuple[str, ...], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["label"] for r in results]
+    shown = [i for i in impls if any(r["impls"].get(i, {}).get("ms") for r in results)]
+    fig, ax = plt.subplots(figsize=(max(10, 0.35 * len(labels) * max(1, len(shown))), 6))
+    width = 0.8 / max(1, len(shown))
+    for i, impl in enumerate(shown):
+        values = [r["impls"].get(impl, {}).get("pct_roofline") or 0 for r in results]
+        ax.bar([x + i * width for x in range(len(labels))], values, width, label=impl)
+    ax.axhline(100, color="black", linewidth=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))])
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("% of roofline (max of bytes / copy rate, FLOPs / matmul rate)")
+    ax.set_title("Decode attention against its roofline")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench",
+        description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+        epilog="Suites: core (the six core shapes plus fp16 / page-1 rows, and fp8 / window feature rows); "
+        "models (real models' attention layers at several batches and contexts, uniform and long-tailed "
+        "lengths, with fp8-cache variants).",
+    )
+    parser.add_argument("--suite", default="core", choices=(*SUITES, "all"))
+    parser.add_argument("--rows", nargs="*", help="only rows whose label contains one of these")
+    parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
+                        help=f"comma-separated, of: {', '.join(IMPLEMENTATIONS)}")  # fmt: skip
+    parser.add_argument("--per-call", action="store_true", help="time single calls, host included")
+    parser.add_argument("--sweep", default=",".join(map(str, SPLIT_SWEEP)), help="splits for 'best split'")
+    parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
+    parser.add_argument("--list", action="store_true", help="list the rows and exit")
+    parser.add_argument("--jobs", type=int, default=None, help="processes compiling kernels before the timing")
+    args = parser.parse_args(argv)
+
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    rows = [row for suite in suites for row in SUITES[suite]()]
+    if args.rows:
+        rows = [r for r in rows if any(s in r.label for s in args.rows)]
+    wanted = tuple(i.strip() for i in args.impls.split(",") if i.strip())
+    unknown = set(wanted) - set(IMPLEMENTATIONS)
+    if unknown:
+        parser.error(f"unknown implementations {sorted(unknown)}; choose from {', '.join(IMPLEMENTATIONS)}")
+    sweep = tuple(int(s) for s in args.sweep.split(","))
+    if args.list:
+        for row in rows:
+            print(f"{row.label}: {row.kv_bytes() / 1e6:.1f} MB of KV, {row.flops() / 1e9:.2f} GFLOP per call")
+        return 0
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print(
+            "python -m benchmarks.bench needs a CUDA GPU (timing the interpreter would mean nothing)", file=sys.stderr
+        )
+        return 2
+    from benchmarks import timing
+
+    env = environment()
+    env["timing"] = "per call (host included)" if args.per_call else "device (CUDA graph / GPU span)"
+    ceilings = dict(copy_tbps=timing.copy_bandwidth_tbps(), matmul_tflops=timing.matmul_tflops())
+    print(f"{env}\nceilings: copy {ceilings['copy_tbps']:.2f} TB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} "
+          f"TFLOP/s\n\n{format_header(wanted)}", flush=True)  # fmt: skip
+    unique = list({row.shape_key: row for row in rows}.values())
+    jobs = [("ours", row, (None, *sweep)) for row in unique if {"torch_bridge", "best split"} & set(wanted)]
+    jobs += [("vllm", row, VLLM_SPLITS) for row in unique if "vllm" in wanted and _vllm(row)[0] != "skip"]
+    if jobs:
+        from benchmarks.precompile import precompile
+
+        started = time.time()
+        compiled, errors = precompile(jobs, args.jobs)
+        print(f"precompiled {compiled} kernels in {time.time() - started:.0f} s" + "".join(f"\n  {e}" for e in errors))
+    results, done = [], {}
+    for row in rows:
+        key = row.shape_key
+        if key in done:  # the same call under another model's name
+            result = dict(done[key], label=row.label, suite=row.suite, row=dataclasses.asdict(row))
+        else:
+            result = done[key] = bench_row(row, wanted, ceilings, not args.per_call, sweep)
+        results.append(result)
+        print(format_row(result, wanted), flush=True)
+    summary = summarize(results)
+    print("\nsummary (geometric mean of % of roofline; chosen launch vs best split; torch_bridge vs vLLM best):")
+    print(json.dumps(summary, indent=1))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(dict(environment=env, ceilings=ceilings, results=results, summary=summary), f, indent=1)
+    try:
+        plot(results, wanted, os.path.join(args.out, "bench.png"))
+    except ImportError:
+        print("matplotlib is not installed: no bench.png", file=sys.stderr)
+    print(f"\nwrote {args.out}/bench.json and bench.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The ``"triton"`` backend: the kernels inside ``jax.jit`` through ``jax_triton.triton_call``.
+
+Both jax_triton lines are supported: 0.3 (Python 3.11; output pointers follow the
+inputs, in-place updates alias an input to an output) and 0.4 (Python >= 3.12,
+Triton >= 3.7; ``out_type``, in-place updates through ``jax.new_ref`` arguments, and
+the typed-FFI custom call ``triton_kernel_call_ffi`` that XLA may put in command
+buffers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jax_decode import kernels, operands
+from jax_decode.launch import DeviceInfo, KernelLaunch, LaunchConfig, WriteProblem, write_cache_launch
+
+_COMPILE_TARGET: contextvars.ContextVar[DeviceInfo | None] = contextvars.ContextVar(
+    "jax_decode_compile_target", default=None
+)
+
+
+@functools.cache
+def import_jax_triton():
+    """Import jax_triton lazily (0.3 needs JAX's CUDA plugin) and undo its side effect.
+
+    jax_triton 0.3.x sets TRITON_CACHE_DIR="" on import, after which Triton launches
+    from torch in the same process fail; restore what was there.
+    """
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    try:
+        import jax_triton
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved
+    return jax_triton
+
+
+def jax_triton_import_error() -> str | None:
+    """Why jax_triton does not import here (its own error), or None if it does."""
+    try:
+        import_jax_triton()
+    except Exception as error:  # ImportError, or the CUDA plugin failing to load
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def jax_triton_available() -> bool:
+    return jax_triton_import_error() is None
+
+
+def why_unusable(device: DeviceInfo | None) -> str | None:
+    """What keeps the triton backend from compiling for ``device`` here, or None."""
+    error = jax_triton_import_error()
+    if error is not None:
+        return (
+            f"needs jax_triton, which does not import here ({error}); install it with "
+            "`pip install 'jax-decode[gpu]'` and JAX's CUDA plugin (`pip install 'jax[cuda12]'`)"
+        )
+    if device is None:
+        return (
+            "needs a GPU visible to JAX, or jax_decode.compile_target(DeviceInfo(...)) to lower for one "
+            "ahead of time; use backend='xla' on a CPU"
+        )
+    return None
+
+
+@functools.cache
+def is_jax_triton_04() -> bool:
+    """jax_triton 0.4 renamed triton_call's out_shape to out_type (and aliases through Refs)."""
+    return "out_type" in inspect.signature(import_jax_triton().triton_call).parameters
+
+
+def triton_call(*args, launch: KernelLaunch, out_types, device: DeviceInfo, **options):
+    """``jax_triton.triton_call`` as every kernel of ours is launched from JAX: the
+    launch config's kernel, grid, warps, stages and constexprs, outputs under the
+    keyword this jax_triton version takes, compiled for ``device``."""
+    jt = import_jax_triton()
+    if device.compute_capability is not None:
+        options["compute_capability"] = device.compute_capability
+    return jt.triton_call(
+        *args,
+        kernel=kernels.KERNELS[launch.kernel_name],
+        grid=launch.grid,
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
+        **{"out_type" if is_jax_triton_04() else "out_shape": out_types},
+        **options,
+        **launch.meta(),
+    )
+
+
+@contextlib.contextmanager
+def compile_target(device: DeviceInfo):
+    """Compile the triton backend for ``device`` instead of the visible GPU.
+
+    For ahead-of-time lowering on a machine without that GPU, e.g.
+    ``with compile_target(DeviceInfo("nvidia", 90, 132)):
+    jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))``.
+    """
+    token = _COMPILE_TARGET.set(device)
+    try:
+        yield device
+    finally:
+        _COMPILE_TARGET.reset(token)
+
+
+@functools.cache
+def _visible_gpu() -> DeviceInfo | None:
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+    if gpu.platform == "rocm":
+        return DeviceInfo(vendor="amd", compute_capability=None, num_sms=int(getattr(gpu, "core_count", 304)))
+    major, minor = str(gpu.compute_capability).split(".")
+    return DeviceInfo(vendor="nvidia", compute_capability=int(major) * 10 + int(minor), num_sms=int(gpu.core_count))
+
+
+def target_device() -> DeviceInfo | None:
+    """The device the triton backend compiles for: compile_target's, else the first GPU."""
+    return _COMPILE_TARGET.get() or _visible_gpu()
+
+
+def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
+    """Stage 1 and stage 2 through triton_call; returns (out, lse)."""
+    p = config.problem
+    strides = config.contiguous_strides()
+    mid_o, mid_lse = triton_call(
+        *operands.stage1_inputs(ops, p),
+        launch=config.stage1(strides),
+        out_types=(
+            jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
+            jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
+        ),
+        device=config.device,
+    )
+    return triton_call(
+        *operands.stage2_inputs(ops, mid_o, mid_lse),
+        launch=config.stage2(strides),
+        out_types=(
+            jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), ops.q.dtype),
+            jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
+        ),
+        device=config.device,
+    )
+
+
+def write_cache(ops: operands.WriteOperands, problem: WriteProblem, device: DeviceInfo):
+    """The cache with this step's rows written, in place where the caller donated it."""
+    launch = write_cache_launch(problem, *problem.contiguous_strides())
+    if is_jax_triton_04():
+        # A Ref argument is the kernel's in-place cache; the unread input slot gets a placeholder.
+        cache = jax.new_ref(ops.cache)
+        triton_call(
+            *operands.write_inputs(ops, problem, ops.slot_mapping, cache), launch=launch, out_types=(), device=device
+        )
+        return jax.freeze(cache)
+    inputs = operands.write_inputs(ops, problem, ops.cache)
+    return triton_call(
+        *inputs,
+        launch=launch,
+        out_types=jax.ShapeDtypeStruct(ops.cache.shape, ops.cache.dtype),
+        device=device,
+        # jax_triton 0.3 numbers array operands only (the slot count is a scalar).
+        input_output_aliases={sum(hasattr(x, "shape") for x in inputs) - 1: 0},
+    )

@@ -1,0 +1,155 @@
+"""``@triton.jit`` helpers the kernels share: score maths, the page walk, the online softmax.
+
+Imports only ``triton``.  Each helper is a piece the decode kernel would otherwise
+write once per head layout; ``BLOCK_H == 1`` (one query head per program, products by
+multiply-and-reduce) keeps its rows as scalars and 1-D vectors, ``BLOCK_H > 1`` (a
+block of query heads sharing a KV head, products by ``tl.dot``) as ``[BLOCK_H, ...]``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _tanh(x):
+    # tanh through sigmoid: available in every Triton version and in the interpreter.
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def scores_log2(qk, SM_SCALE: tl.constexpr, LOGIT_CAP: tl.constexpr):
+    """Scale (and soft-cap) raw q.k products; return them in log2 units for exp2."""
+    qk = qk * SM_SCALE
+    if LOGIT_CAP > 0:
+        qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
+    return qk * LOG2E
+
+
+@triton.jit
+def to_f16_clamped(x):
+    """float16 of x, saturated to +-65504 (only values beyond that change beyond rounding)."""
+    return tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+
+
+@triton.jit
+def dot(a, b, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
+    """tl.dot with fp32 accumulation.
+
+    DOT_UPCAST multiplies in fp32 instead: products of 16-bit floats are exact in fp32,
+    so the result matches a tensor-core dot up to summation order.  The launch config
+    sets it for Triton's interpreter, whose tl.dot multiplies bfloat16 bit patterns
+    as integers.
+    """
+    if DOT_UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision=DOT_PRECISION)
+    return out
+
+
+@triton.jit
+def kv_scale(scale_ptr, kv_head, MODE: tl.constexpr):
+    """A cache's dequantisation scale: MODE 1 one per tensor, 2 one per KV head."""
+    if MODE == 2:
+        scale = tl.load(scale_ptr + kv_head)
+    else:
+        scale = tl.load(scale_ptr)
+    return scale
+
+
+@triton.jit
+def split_bounds(
+    seq_lens_ptr,
+    batch_idx,
+    split_idx,
+    NUM_KV_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+):
+    """Token range [start, end) of one KV split; splits are whole BLOCK_N blocks.
+
+    ``seq_len`` is clamped to ``[0, CAPACITY]`` (no row reads past its page-table
+    row).  With a sliding window (WINDOW_LEFT >= 0) the splits share only the last
+    WINDOW_LEFT + 1 tokens: tokens (and pages) before the window are never read.
+    """
+    seq_len = tl.load(seq_lens_ptr + batch_idx)
+    seq_len = tl.minimum(tl.maximum(seq_len, 0), CAPACITY)
+    first = seq_len * 0
+    if WINDOW_LEFT >= 0:
+        first = tl.maximum(seq_len - 1 - WINDOW_LEFT, 0)
+    per_split = tl.cdiv(tl.cdiv(seq_len - first, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split_idx * per_split
+    end = tl.minimum(start + per_split, seq_len)
+    return start, end
+
+
+@triton.jit
+def token_pages(page_row_ptr, offs_n, end, num_pages, PAGE_SIZE: tl.constexpr):
+    """Page (int64, clamped to 0 where invalid), slot and validity of tokens offs_n.
+
+    A token whose page id lies outside ``[0, num_pages)`` is invalid: masked out of
+    the softmax, and its address (page 0) is never loaded.
+    """
+    in_range = offs_n < end
+    page = tl.load(page_row_ptr + offs_n // PAGE_SIZE, mask=in_range, other=0)
+    valid = in_range & (page >= 0) & (page < num_pages)
+    page = tl.where(valid, page, 0).to(tl.int64)
+    return page, offs_n % PAGE_SIZE, valid
+
+
+@triton.jit
+def load_rows(row_ptrs, offs, mask_rows, mask_cols):
+    """A [rows, cols] tile: rows at ``row_ptrs``, columns ``offs``; masked entries are 0."""
+    return tl.load(row_ptrs[:, None] + offs[None, :], mask=mask_rows[:, None] & mask_cols[None, :], other=0.0)
+
+
+@triton.jit
+def online_softmax(m_i, s, BLOCK_H: tl.constexpr):
+    """One block of the online softmax over scores ``s`` (log2 units, -inf = masked).
+
+    ``s`` is ``[BLOCK_N]`` (one head) or ``[BLOCK_H, BLOCK_N]``; returns the new running
+    max, the rescale ``alpha`` of what came before and the weights ``p``.
+    """
+    if BLOCK_H == 1:
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A block whose tokens are all masked leaves m at -inf: subtract 0 instead so
+    # exp2 gives 0, not exp2(-inf - -inf) = NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    if BLOCK_H == 1:
+        p = tl.exp2(s - m_safe)
+    else:
+        p = tl.exp2(s - m_safe[:, None])
+    return m_new, alpha, p
+
+
+@triton.jit
+def row_sum(p, BLOCK_H: tl.constexpr):
+    """Sum over the tokens of ``p`` (``[BLOCK_N]`` or ``[BLOCK_H, BLOCK_N]``)."""
+    if BLOCK_H == 1:
+        total = tl.sum(p, 0)
+    else:
+        total = tl.sum(p, 1)
+    return total
+
+
+@triton.jit
+def softmax_result(acc, m_i, l_i, BLOCK_H: tl.constexpr):
+    """The normalised output and natural LSE of a finished walk; a walk over no valid
+    token gives zeros and LSE -inf (never 0/0)."""
+    has_tokens = l_i > 0
+    l_safe = tl.where(has_tokens, l_i, 1.0)
+    lse = tl.where(has_tokens, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    if BLOCK_H == 1:
+        o = acc / l_safe
+    else:
+        o = acc / l_safe[:, None]
+    return o, lse

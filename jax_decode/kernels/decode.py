@@ -1,0 +1,287 @@
+"""The split-KV decode-attention kernels: stage 1 per KV split, stage 2 merges the splits.
+
+Imports only ``triton``.  Dimension names (used in every ``# [shape]`` comment)::
+
+    batch, num_heads, num_kv_heads, head_dim_qk, head_dim_v,
+    num_pages, page_size, max_pages, num_kv_splits
+
+Stage 1 (one program per head block x batch row x KV split) walks its share of the
+sequence page by page and writes a partial, already normalised output and its natural
+log-sum-exp.  Stage 2 (one program per batch row x head) merges the splits by LSE.
+
+Safety rules stage 1 follows (see :mod:`jax_decode.kernels.common`):
+
+* ``seq_len`` is clamped to ``[0, max_pages * page_size]``, so no row reads past its
+  page-table row.
+* a token whose page id is outside ``[0, num_pages)`` is masked out of the softmax and
+  its (clamped-to-0) address is never loaded, so no input makes a kernel touch memory
+  outside the cache.
+* page and batch indices are widened to int64 before they are multiplied by strides,
+  so caches of more than 2**31 elements address correctly.
+* a split (or row) with no valid token stores a zero output and LSE ``-inf``; stage 2
+  turns an all-empty row into zeros, never ``0/0``.
+
+Features, all constexpr-selected so a plain call compiles to the plain kernel:
+
+* fp8 caches: tiles are widened to q's dtype (exact) and dequantised through the
+  scores (``K_SCALE``) and the finished output (``V_SCALE``), never per element.
+  (Triton's interpreter flushes float8_e5m2 subnormals when widening to float16; a
+  compiled kernel does not.)
+* sliding window (``WINDOW_LEFT``): the splits share only the window's tokens.
+* sinks (``HAS_SINKS``): stage 2 adds them to each head's denominator.
+
+Parameter order: input pointers, runtime scalars, output pointers, then constexprs
+(jax_triton appends output pointers after the inputs; torch passes preallocated
+outputs in the same slots; :mod:`jax_decode.operands` builds the list for both).
+Strides are constexprs: they are fixed by shapes in both frameworks, and as
+constexprs they give the compiler the divisibility it needs for vectorised loads, and
+give both frameworks byte-for-byte the same compiled kernel.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from jax_decode.kernels.common import (
+    dot,
+    kv_scale,
+    load_rows,
+    online_softmax,
+    row_sum,
+    scores_log2,
+    softmax_result,
+    split_bounds,
+    to_f16_clamped,
+    token_pages,
+)
+
+
+@triton.jit
+def _decode_stage1(
+    q_ptr,  # [batch, num_heads, head_dim_qk]
+    k_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_qk]
+    v_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_v]; may alias k_ptr (MLA)
+    page_table_ptr,  # int32 [batch, max_pages]
+    seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # f32 [1] or [num_kv_heads]: K dequantisation scale (read if K_SCALE)
+    v_scale_ptr,  # f32 [1] or [num_kv_heads]: V dequantisation scale (read if V_SCALE)
+    num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
+    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
+    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
+    STRIDE_QB: tl.constexpr,
+    STRIDE_QH: tl.constexpr,
+    STRIDE_KP: tl.constexpr,
+    STRIDE_KS: tl.constexpr,
+    STRIDE_KH: tl.constexpr,
+    STRIDE_VP: tl.constexpr,
+    STRIDE_VS: tl.constexpr,
+    STRIDE_VH: tl.constexpr,
+    STRIDE_PTB: tl.constexpr,
+    STRIDE_MOB: tl.constexpr,
+    STRIDE_MOH: tl.constexpr,
+    STRIDE_MOS: tl.constexpr,
+    STRIDE_MLB: tl.constexpr,
+    STRIDE_MLH: tl.constexpr,
+    STRIDE_MLS: tl.constexpr,
+    SM_SCALE: tl.constexpr,
+    LOGIT_CAP: tl.constexpr,
+    K_SCALE: tl.constexpr,  # 0: none; 1: one per tensor; 2: one per KV head
+    V_SCALE: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,  # -1: no window; else attend to the last WINDOW_LEFT + 1 tokens
+    KV_GROUP: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DMODEL: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,  # > 0: head_dim_qk's second power-of-two block (MLA's rope part)
+    BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # query heads per program: 1 (MHA), else >= 16
+    HEAD_BLOCKS: tl.constexpr,  # programs per KV head along grid axis 0
+    V_FROM_K: tl.constexpr,  # V is the loaded K tile itself (MLA's shared latent)
+    FP8_DOT_F16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    NUM_KV_SPLITS: tl.constexpr,
+):
+    """Attention of one query token over one KV split, for one head or a block of heads.
+
+    ``BLOCK_H == 1`` (MHA): one query head per program, q.k and p.v by
+    multiply-and-reduce in fp32 (no tensor cores needed).  ``BLOCK_H >= 16``: the
+    query heads sharing one KV head, q.k and p.v with ``tl.dot``; each K (and V) tile
+    is read once for the whole head block (GQA, MQA, MLA).  With V_FROM_K (MLA: V is
+    the first head_dim_v columns of K) the loaded K tile is reused as V, so the latent
+    is read from memory once.
+    """
+    tl.static_assert(BLOCK_H >= 16 or (BLOCK_H == 1 and KV_GROUP == 1 and HEAD_BLOCKS == 1), "tl.dot needs 16 rows")
+    tl.static_assert(not V_FROM_K or (BLOCK_H > 1 and BLOCK_DV == BLOCK_DMODEL and HEAD_DIM_V == BLOCK_DMODEL))
+    # Head blocks on the fastest grid axis: the programs that share a KV head (and
+    # those of neighbouring KV heads) run together, so a K/V tile fetched for one is
+    # served to the others from L2.
+    head_block = tl.program_id(0)
+    batch_idx = tl.program_id(1).to(tl.int64)
+    split_idx = tl.program_id(2)
+    kv_head = head_block // HEAD_BLOCKS
+
+    if BLOCK_H == 1:
+        heads = head_block
+    else:
+        offs_g = (head_block % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask_h = offs_g < KV_GROUP
+        heads = kv_head * KV_GROUP + offs_g
+
+    offs_d = tl.arange(0, BLOCK_DMODEL)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_d = offs_d < HEAD_DIM_QK
+    mask_dv = offs_dv < HEAD_DIM_V
+
+    # The query rows: fp32 vectors for one head, a [BLOCK_H, D] tile for tl.dot.
+    if BLOCK_H == 1:
+        q_row = q_ptr + batch_idx * STRIDE_QB + heads * STRIDE_QH
+        q = tl.load(q_row + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+        if BLOCK_DPE > 0:
+            offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
+            mask_dpe = offs_dpe < HEAD_DIM_QK
+            q_pe = tl.load(q_row + offs_dpe, mask=mask_dpe, other=0.0).to(tl.float32)
+    else:
+        q_rows = q_ptr + batch_idx * STRIDE_QB + heads * STRIDE_QH
+        q = load_rows(q_rows, offs_d, mask_h, mask_d)
+        if FP8_DOT_F16:
+            # fp8 widens to float16 in one instruction per pair, to bfloat16 in several:
+            # with an fp8 cache the dots run in float16 (q saturated to its range, p in [0, 1]).
+            q = to_f16_clamped(q)
+        if BLOCK_DPE > 0:
+            offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
+            mask_dpe = offs_dpe < HEAD_DIM_QK
+            q_pe = load_rows(q_rows, offs_dpe, mask_h, mask_dpe)
+            if FP8_DOT_F16:
+                q_pe = to_f16_clamped(q_pe)
+
+    start, end = split_bounds(seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY, WINDOW_LEFT)
+    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+    k_head_ptr = k_ptr + kv_head * STRIDE_KH
+    v_head_ptr = v_ptr + kv_head * STRIDE_VH
+    if K_SCALE > 0:
+        k_scale = kv_scale(k_scale_ptr, kv_head, K_SCALE)
+
+    if BLOCK_H == 1:
+        m_i = float("-inf")
+        l_i = 0.0
+        acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        page, slot, valid = token_pages(page_row_ptr, offs_n, end, num_pages, PAGE_SIZE)
+        k_rows = k_head_ptr + page * STRIDE_KP + slot * STRIDE_KS
+        k = load_rows(k_rows, offs_d, valid, mask_d)
+        if BLOCK_H == 1:
+            qk = tl.sum(q[None, :] * k.to(tl.float32), 1)
+            if BLOCK_DPE > 0:
+                k_pe = load_rows(k_rows, offs_dpe, valid, mask_dpe)
+                qk += tl.sum(q_pe[None, :] * k_pe.to(tl.float32), 1)
+        else:
+            # An fp8 cache widens to q's dtype (exactly) for the tensor cores; else a no-op.
+            k = k.to(q.dtype)
+            qk = dot(q, tl.trans(k), DOT_PRECISION, DOT_UPCAST)
+            if BLOCK_DPE > 0:
+                k_pe = load_rows(k_rows, offs_dpe, valid, mask_dpe)
+                qk += dot(q_pe, tl.trans(k_pe.to(q.dtype)), DOT_PRECISION, DOT_UPCAST)
+        if K_SCALE > 0:
+            qk = qk * k_scale  # dequantise through the scores: K stays in its dtype
+        if BLOCK_H == 1:
+            s = tl.where(valid, scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
+        else:
+            s = tl.where(valid[None, :], scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
+
+        if V_FROM_K:
+            v = k
+        else:
+            v = load_rows(v_head_ptr + page * STRIDE_VP + slot * STRIDE_VS, offs_dv, valid, mask_dv)
+            if BLOCK_H > 1:
+                v = v.to(q.dtype)
+
+        m_new, alpha, p = online_softmax(m_i, s, BLOCK_H)
+        if BLOCK_H == 1:
+            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+        else:
+            acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
+        l_i = l_i * alpha + row_sum(p, BLOCK_H)
+        m_i = m_new
+
+    o, lse = softmax_result(acc, m_i, l_i, BLOCK_H)
+    if V_SCALE > 0:
+        o = o * kv_scale(v_scale_ptr, kv_head, V_SCALE)  # one multiply per output, not per token
+    mid_rows = batch_idx * STRIDE_MOB + heads * STRIDE_MOH + split_idx * STRIDE_MOS
+    if BLOCK_H == 1:
+        tl.store(mid_o_ptr + mid_rows + offs_dv, o, mask=mask_dv)
+    else:
+        tl.store(mid_o_ptr + mid_rows[:, None] + offs_dv[None, :], o, mask=mask_h[:, None] & mask_dv[None, :])
+    lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads * STRIDE_MLH + split_idx * STRIDE_MLS
+    if BLOCK_H == 1:
+        tl.store(lse_ptrs, lse)
+    else:
+        tl.store(lse_ptrs, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_stage2(
+    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
+    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
+    sinks_ptr,  # f32 [num_heads]: per-head sink logits (read if HAS_SINKS)
+    out_ptr,  # [batch, num_heads, head_dim_v], q's dtype
+    lse_ptr,  # f32 [batch, num_heads], natural log
+    STRIDE_MOB: tl.constexpr,
+    STRIDE_MOH: tl.constexpr,
+    STRIDE_MOS: tl.constexpr,
+    STRIDE_MLB: tl.constexpr,
+    STRIDE_MLH: tl.constexpr,
+    STRIDE_MLS: tl.constexpr,
+    STRIDE_OB: tl.constexpr,
+    STRIDE_OH: tl.constexpr,
+    STRIDE_LB: tl.constexpr,
+    STRIDE_LH: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    NUM_KV_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    """Merge the splits of one (batch row, head) by log-sum-exp; empty splits weigh 0.
+
+    A sink (gpt-oss) is one more logit in the softmax's denominator with a zero value:
+    it joins the merge as a split whose output is 0 and whose LSE is the sink.
+    """
+    batch_idx = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < HEAD_DIM_V
+
+    lse_row = mid_lse_ptr + batch_idx * STRIDE_MLB + head * STRIDE_MLH
+    split_lse = tl.load(lse_row + offs_s * STRIDE_MLS, mask=offs_s < NUM_KV_SPLITS, other=float("-inf"))
+    m = tl.max(split_lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head)
+        m = tl.maximum(m, sink)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.exp(split_lse - m_safe), 0)
+    if HAS_SINKS:
+        denom += tl.exp(sink - m_safe)
+
+    o_row = mid_o_ptr + batch_idx * STRIDE_MOB + head * STRIDE_MOH
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for split_idx in range(NUM_KV_SPLITS):
+        weight = tl.exp(tl.load(lse_row + split_idx * STRIDE_MLS) - m_safe)
+        acc += weight * tl.load(o_row + split_idx * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
+
+    has_tokens = denom > 0
+    out = acc / tl.where(has_tokens, denom, 1.0)
+    out_ptrs = out_ptr + batch_idx * STRIDE_OB + head * STRIDE_OH + offs_dv
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_dv)
+    lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
+    tl.store(lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, lse)

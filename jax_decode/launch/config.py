@@ -1,0 +1,228 @@
+"""The launch config: kernel, grid, warps, stages and constexprs of every launch.
+
+A :class:`LaunchConfig` is what :func:`jax_decode.launch.make_launch_config` plans for
+one problem on one device; both frontends turn it into the same launches (and so give
+bit-identical results).  Plain Python, frozen and hashable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from jax_decode.launch.problem import FP8_FORMATS, NO_FP8, SCALE_NONE, DecodeProblem, DeviceInfo, next_power_of_2
+
+Variant = Literal["mha", "grouped"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelStrides:
+    """Element strides of every array the kernels address (last dims are contiguous)."""
+
+    q: tuple[int, int]  # batch, head
+    k: tuple[int, int, int]  # page, slot, kv head
+    v: tuple[int, int, int]  # page, slot, kv head
+    page_table: int  # batch
+    mid_o: tuple[int, int, int]  # batch, head, split
+    mid_lse: tuple[int, int, int]  # batch, head, split
+    out: tuple[int, int]  # batch, head
+    lse: tuple[int, int]  # batch, head
+
+    @classmethod
+    def contiguous(cls, problem: DecodeProblem, num_kv_splits: int) -> KernelStrides:
+        """Strides of row-major arrays (every JAX array; default torch tensors)."""
+        p = problem
+        k_slot = p.num_kv_heads * p.head_dim_qk
+        v_width = p.head_dim_qk if p.v_from_k else p.head_dim_v
+        v_slot = p.num_kv_heads * v_width
+        return cls(
+            q=(p.num_heads * p.head_dim_qk, p.head_dim_qk),
+            k=(p.page_size * k_slot, k_slot, p.head_dim_qk),
+            v=(p.page_size * v_slot, v_slot, v_width),
+            page_table=p.max_pages,
+            mid_o=(p.num_heads * num_kv_splits * p.head_dim_v, num_kv_splits * p.head_dim_v, p.head_dim_v),
+            mid_lse=(p.num_heads * num_kv_splits, num_kv_splits, 1),
+            out=(p.num_heads * p.head_dim_v, p.head_dim_v),
+            lse=(p.num_heads, 1),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel launch: which kernel, on which grid, with which compile options."""
+
+    kernel_name: str  # a key of jax_decode.kernels.KERNELS
+    grid: tuple[int, int, int]
+    num_warps: int
+    num_stages: int
+    constexprs: tuple[tuple[str, object], ...]
+
+    def meta(self) -> dict[str, object]:
+        return dict(self.constexprs)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """Everything both stages need, for one problem on one device."""
+
+    problem: DecodeProblem
+    device: DeviceInfo
+    variant: Variant  # "mha": one head per program; "grouped": a head block with tl.dot
+    block_n: int
+    block_h: int  # query heads per program (1 for "mha")
+    head_blocks: int  # programs per KV head along the head axis
+    block_dmodel: int
+    block_dpe: int  # second part of head_dim_qk (0: none), e.g. 64 for MLA's 576
+    block_dv: int
+    num_warps: int
+    num_stages: int
+    num_kv_splits: int
+    stage2_num_warps: int
+
+    @property
+    def stage1_grid(self) -> tuple[int, int, int]:
+        p = self.problem
+        return (p.num_kv_heads * self.head_blocks, p.batch, self.num_kv_splits)
+
+    @property
+    def stage2_grid(self) -> tuple[int, int, int]:
+        return (self.problem.batch, self.problem.num_heads, 1)
+
+    @property
+    def mid_o_shape(self) -> tuple[int, int, int, int]:
+        p = self.problem
+        return (p.batch, p.num_heads, self.num_kv_splits, p.head_dim_v)
+
+    @property
+    def mid_lse_shape(self) -> tuple[int, int, int]:
+        p = self.problem
+        return (p.batch, p.num_heads, self.num_kv_splits)
+
+    def contiguous_strides(self) -> KernelStrides:
+        return KernelStrides.contiguous(self.problem, self.num_kv_splits)
+
+    def stage1(self, strides: KernelStrides) -> KernelLaunch:
+        p = self.problem
+        meta: dict[str, object] = dict(
+            STRIDE_QB=strides.q[0],
+            STRIDE_QH=strides.q[1],
+            STRIDE_KP=strides.k[0],
+            STRIDE_KS=strides.k[1],
+            STRIDE_KH=strides.k[2],
+            STRIDE_VP=strides.v[0],
+            STRIDE_VS=strides.v[1],
+            STRIDE_VH=strides.v[2],
+            STRIDE_PTB=strides.page_table,
+            STRIDE_MOB=strides.mid_o[0],
+            STRIDE_MOH=strides.mid_o[1],
+            STRIDE_MOS=strides.mid_o[2],
+            STRIDE_MLB=strides.mid_lse[0],
+            STRIDE_MLH=strides.mid_lse[1],
+            STRIDE_MLS=strides.mid_lse[2],
+            SM_SCALE=float(p.sm_scale),
+            LOGIT_CAP=float(p.logit_cap),
+            K_SCALE=p.k_scale,
+            V_SCALE=p.v_scale,
+            WINDOW_LEFT=p.window_left,
+            KV_GROUP=p.kv_group,
+            HEAD_DIM_QK=p.head_dim_qk,
+            HEAD_DIM_V=p.head_dim_v,
+            BLOCK_DMODEL=self.block_dmodel,
+            BLOCK_DPE=self.block_dpe,
+            BLOCK_DV=self.block_dv,
+            BLOCK_N=self.block_n,
+            BLOCK_H=self.block_h,
+            HEAD_BLOCKS=self.head_blocks,
+            V_FROM_K=self.reuse_k_as_v,
+            # bfloat16 q over an fp8 cache: dots in float16 (cheaper fp8 widening).
+            FP8_DOT_F16=p.cache_dtype in FP8_FORMATS and p.dtype == "bfloat16",
+            # fp32 tl.dot would otherwise round its inputs to tf32.
+            DOT_PRECISION="ieee" if p.dtype == "float32" else "tf32",
+            DOT_UPCAST=self.device.vendor == "cpu" and p.dtype == "bfloat16",
+            PAGE_SIZE=p.page_size,
+            CAPACITY=p.capacity,
+            NUM_KV_SPLITS=self.num_kv_splits,
+        )
+        return KernelLaunch("stage1", self.stage1_grid, self.num_warps, self.num_stages, tuple(meta.items()))
+
+    def stage2(self, strides: KernelStrides) -> KernelLaunch:
+        meta = dict(
+            STRIDE_MOB=strides.mid_o[0],
+            STRIDE_MOH=strides.mid_o[1],
+            STRIDE_MOS=strides.mid_o[2],
+            STRIDE_MLB=strides.mid_lse[0],
+            STRIDE_MLH=strides.mid_lse[1],
+            STRIDE_MLS=strides.mid_lse[2],
+            STRIDE_OB=strides.out[0],
+            STRIDE_OH=strides.out[1],
+            STRIDE_LB=strides.lse[0],
+            STRIDE_LH=strides.lse[1],
+            HEAD_DIM_V=self.problem.head_dim_v,
+            BLOCK_DV=self.block_dv,
+            BLOCK_S=next_power_of_2(self.num_kv_splits),
+            NUM_KV_SPLITS=self.num_kv_splits,
+            HAS_SINKS=self.problem.has_sinks,
+        )
+        return KernelLaunch("stage2", self.stage2_grid, self.stage2_num_warps, 1, tuple(meta.items()))
+
+    @property
+    def reuse_k_as_v(self) -> bool:
+        """MLA: the K tile already loaded holds V, so V is not read a second time."""
+        p = self.problem
+        return (
+            self.variant == "grouped"
+            and p.v_from_k
+            and p.head_dim_v == self.block_dmodel
+            and self.block_dv == self.block_dmodel
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteProblem:
+    """Static description of one cache's paged KV write."""
+
+    num_tokens: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    num_pages: int
+    cache_dtype: str
+    scale: int = SCALE_NONE  # SCALE_* mode of the scale rows are divided by
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    def contiguous_strides(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """(new rows' strides, cache strides) of row-major arrays."""
+        row = self.num_kv_heads * self.head_dim
+        return (row, self.head_dim), (self.page_size * row, row, self.head_dim)
+
+
+def write_cache_launch(
+    problem: WriteProblem, new_strides: tuple[int, int], cache_strides: tuple[int, int, int]
+) -> KernelLaunch:
+    """The paged KV write: one program per (token, KV head) copies one row.
+
+    Rows are divided by the scale and, for an fp8 cache, saturated to its finite range
+    before the cast.
+    """
+    p = problem
+    block_d = next_power_of_2(p.head_dim)
+    fp8 = FP8_FORMATS.get(p.cache_dtype, NO_FP8)
+    meta = dict(
+        STRIDE_NT=new_strides[0],
+        STRIDE_NH=new_strides[1],
+        STRIDE_CP=cache_strides[0],
+        STRIDE_CS=cache_strides[1],
+        STRIDE_CH=cache_strides[2],
+        HEAD_DIM=p.head_dim,
+        BLOCK_D=block_d,
+        PAGE_SIZE=p.page_size,
+        SCALE=p.scale,
+        SATURATE=fp8.largest,
+        FP8_MAN_BITS=fp8.mantissa_bits,
+        FP8_BIAS=fp8.bias,
+    )
+    num_warps = 1 if block_d <= 128 else 2
+    return KernelLaunch("write_cache", (p.num_tokens, p.num_kv_heads, 1), num_warps, 1, tuple(meta.items()))

@@ -1,0 +1,143 @@
+"""Launch the kernels on torch tensors: CUDA tensors compiled, CPU tensors interpreted.
+
+Every launch's kernel, grid, warps, stages and constexprs come from
+:mod:`jax_decode.launch`, and its argument order from :mod:`jax_decode.operands`, as
+for the JAX frontend.
+
+Host time per call matters to serving engines, so after the first launch of a
+compiled kernel, later launches call its compiled launcher directly instead of going
+through ``JITFunction.run`` (which binds ~40 arguments and builds a cache key per
+call).  A launcher is reused only where Triton itself would have reused the compiled
+kernel: it is keyed on Triton's own specialisation of every runtime argument (dtype
+and 16-byte alignment of each tensor; for each int its width, whether it is 1 and
+whether it is divisible by 16), computed by Triton's ``native_specialize_impl``, and
+on the device.  The constexprs, warps and stages are fixed per :class:`StageLauncher`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from jax_decode import operands
+from jax_decode.interpreter import run_interpreted
+from jax_decode.kernels import KERNELS
+from jax_decode.launch import KernelLaunch, KernelStrides, LaunchConfig, WriteProblem, write_cache_launch
+
+# Distinct (config, strides) and write launches kept; beyond this the least recently used go.
+MAX_CACHED_LAUNCHES = 1024
+
+
+@functools.cache
+def _specializer():
+    """``(device index) -> key(args)`` from Triton's own specialisation rules, or None
+    where this Triton does not expose them (then every launch goes through Triton)."""
+    try:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.compiler.compiler import make_backend
+        from triton.runtime import driver
+    except ImportError:
+        return None
+
+    @functools.cache
+    def backend_type(device_index: int):
+        with torch.cuda.device(device_index):
+            return type(make_backend(driver.active.get_current_target()))
+
+    def key(device_index: int, args: tuple) -> tuple:
+        backend = backend_type(device_index)
+        return (device_index, *(native_specialize_impl(backend, a, False, True, True) for a in args))
+
+    return key
+
+
+class StageLauncher:
+    """One kernel launch on torch tensors, with its compiled launchers cached."""
+
+    def __init__(self, launch: KernelLaunch):
+        self.launch = launch
+        self.kernel = KERNELS[launch.kernel_name]
+        meta = launch.meta()
+        self.options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages, **meta)
+        # Compiled launchers take every argument in signature order, constexprs (which
+        # follow the runtime arguments in every kernel of ours) included.
+        names = self.kernel.arg_names
+        num_runtime = len(names) - len(meta)
+        assert set(names[num_runtime:]) == set(meta), "constexprs must follow the runtime arguments"
+        self.constexpr_values = tuple(meta[name] for name in names[num_runtime:])
+        self.runners: dict[tuple, object] = {}
+
+    def __call__(self, args: tuple) -> None:
+        """Launch on ``args`` (tensors and ints in the kernel's parameter order)."""
+        device_index = args[0].get_device()
+        if device_index < 0:
+            run_interpreted(self.launch, args)
+            return
+        specialize = _specializer()
+        key = None if specialize is None else specialize(device_index, args)
+        runner = self.runners.get(key) if key is not None else None
+        if runner is not None:
+            runner(*args, *self.constexpr_values)
+            return
+        compiled = self.kernel[self.launch.grid](*args, **self.options)
+        if key is not None and hasattr(compiled, "__getitem__"):  # a CompiledKernel
+            self.runners[key] = compiled[self.launch.grid]
+
+
+def kernel_strides(ops: operands.DecodeOperands, problem, mid_o, mid_lse, out, lse) -> KernelStrides:
+    """KernelStrides of torch tensors (their last dimensions must be contiguous)."""
+    v = ops.k_cache if problem.v_from_k else ops.v_cache
+    return KernelStrides(
+        q=ops.q.stride()[:2],
+        k=ops.k_cache.stride()[:3],
+        v=v.stride()[:3],
+        page_table=ops.page_table.stride(0),
+        mid_o=mid_o.stride()[:3],
+        mid_lse=mid_lse.stride()[:3],
+        out=out.stride()[:2],
+        lse=lse.stride()[:2],
+    )
+
+
+_DECODE_LAUNCHERS: dict[tuple, tuple[StageLauncher, StageLauncher]] = {}
+
+
+def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse) -> None:
+    """Run stage 1 and stage 2, writing ``out`` and ``lse`` (and the scratch) in place.
+
+    ``ops`` are torch tensors of the shapes and dtypes ``config`` was made for (scales
+    float32 ``[1]``/``[num_kv_heads]`` and sinks float32 ``[num_heads]`` exactly where
+    the config says so), on one device.
+    """
+    if config.problem.batch == 0:
+        return
+    # Keyed on raw stride tuples: cheaper per call than building KernelStrides.
+    v = ops.k_cache if config.problem.v_from_k else ops.v_cache
+    key = (config, ops.q.stride(), ops.k_cache.stride(), v.stride(), ops.page_table.stride(), mid_o.stride(),
+           mid_lse.stride(), out.stride(), lse.stride())  # fmt: skip
+    launchers = _DECODE_LAUNCHERS.get(key)
+    if launchers is None:
+        if len(_DECODE_LAUNCHERS) >= MAX_CACHED_LAUNCHES:
+            del _DECODE_LAUNCHERS[next(iter(_DECODE_LAUNCHERS))]  # the oldest
+        strides = kernel_strides(ops, config.problem, mid_o, mid_lse, out, lse)
+        launchers = _DECODE_LAUNCHERS[key] = (
+            StageLauncher(config.stage1(strides)),
+            StageLauncher(config.stage2(strides)),
+        )
+    stage1, stage2 = launchers
+    stage1((*operands.stage1_inputs(ops, config.problem), mid_o, mid_lse))
+    stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
+
+
+@functools.lru_cache(maxsize=MAX_CACHED_LAUNCHES)
+def _write_launcher(problem: WriteProblem, new_strides: tuple, cache_strides: tuple) -> StageLauncher:
+    return StageLauncher(write_cache_launch(problem, new_strides, cache_strides))
+
+
+def launch_write(problem: WriteProblem, ops: operands.WriteOperands) -> None:
+    """Scatter ``ops.new``'s rows into ``ops.cache`` in place (see the write kernel)."""
+    if problem.num_tokens == 0:
+        return
+    launcher = _write_launcher(problem, ops.new.stride()[:2], ops.cache.stride()[:3])
+    launcher(operands.write_inputs(ops, problem, ops.cache, ops.cache))
