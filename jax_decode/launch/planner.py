@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from jax_decode.launch.config import LaunchConfig, Variant
-from jax_decode.launch.problem import DecodeProblem, DeviceInfo, cdiv, itemsize, next_power_of_2
+from jax_decode.launch.problem import DecodeProblem, DeviceInfo, cdiv, itemsize, next_power_of_2, prev_power_of_2
 
 # Upper bound for automatically chosen splits: stage 2 reads every split, and more
 # splits than this never pays for itself on current GPUs.
@@ -170,8 +170,8 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         variant: Variant = "mha"
         block_h, head_blocks = 1, 1
         # Multiply-and-reduce keeps the [BLOCK_N, D] tiles in registers: 128 tokens
-        # while D <= 128, fewer for wider heads.
-        block_n = max(16, min(128, 16384 // max(block_dmodel + block_dpe, block_dv)))
+        # while D <= 128, fewer (a power of two, as tl.arange needs) for wider heads.
+        block_n = max(16, min(128, prev_power_of_2(16384 // max(block_dmodel + block_dpe, block_dv))))
         num_warps, num_stages = 4, 2
         programs_per_split = p.batch * p.num_heads
         wide = False  # the split rule's wide-head model is the grouped kernel's
