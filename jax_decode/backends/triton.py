@@ -41,7 +41,23 @@ def import_jax_triton():
             os.environ.pop("TRITON_CACHE_DIR", None)
         else:
             os.environ["TRITON_CACHE_DIR"] = saved
+    _fix_dce_rule(jax_triton)
     return jax_triton
+
+
+def _fix_dce_rule(jax_triton) -> None:
+    """jax_triton 0.4.1 registers a dead-code rule for its primitive that takes
+    ``(used_outs, eqn)``, while jax >= 0.12 calls such rules with ``(used_outs, live_ins,
+    eqn)``: every jitted function with a ``jax.new_ref`` argument to a Triton call then
+    fails to trace.  Where that mismatch is found, register the same rule (keep every
+    input, keep the call) with the arity jax calls."""
+    from jax._src.interpreters import partial_eval as pe
+
+    primitive = getattr(getattr(jax_triton, "triton_lib", None), "triton_kernel_call_p", None)
+    rule = pe.dce_rules.get(primitive) if primitive is not None else None
+    if rule is not None and len(inspect.signature(rule).parameters) == 2:
+        # Either arity: the equation comes last.
+        pe.dce_rules[primitive] = lambda used_outs, *rest: ([True] * len(rest[-1].invars), rest[-1])
 
 
 def jax_triton_import_error() -> str | None:
