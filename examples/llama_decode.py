@@ -172,7 +172,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=48)
     args = parser.parse_args()
-    cfg = Config()
+    page_size = Config.page_size
+    cfg = Config(max_len=page_size * -(-(args.steps + 1) // page_size))  # a cache that holds every step
     params = init_params(cfg)
     rng = np.random.default_rng(1)
     prompts = [list(rng.integers(0, cfg.vocab, size=int(n))) for n in rng.integers(2, 12, size=args.batch)]

@@ -11,13 +11,15 @@ Dimension names::
 from __future__ import annotations
 
 import functools
+import logging
 from typing import NamedTuple
 
 import jax
 import jax.custom_batching
 import jax.numpy as jnp
+import numpy as np
 
-from jax_decode.arrays import float_operand, scale_operand
+from jax_decode.arrays import float_operand, scale_operand, without_gradient
 from jax_decode.backends import Backend, check_backend, dispatch
 from jax_decode.backends import interpret as interpret_backend
 from jax_decode.backends import triton as triton_backend
@@ -25,7 +27,7 @@ from jax_decode.backends import xla as xla_backend
 from jax_decode.launch import DeviceInfo, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.operands import ROW_OPERANDS, DecodeOperands, specs
-from jax_decode.validation import check_decode_args, check_index_values, check_num_kv_splits
+from jax_decode.validation import BadIndexValues, check_decode_args, check_index_values, check_num_kv_splits
 
 
 def decode_attention(
@@ -92,8 +94,9 @@ def decode_attention(
     """
     check_backend(backend)
     given = DecodeOperands(
-        q, k_cache, v_cache, page_table, seq_lens, float_operand(k_scale), float_operand(v_scale), float_operand(sinks)
-    )
+        q, k_cache, v_cache, page_table, seq_lens, float_operand("k_scale", k_scale),
+        float_operand("v_scale", v_scale), float_operand("sinks", sinks, scalar_ok=False),
+    )  # fmt: skip
     options = _Options(head_dim_v, sm_scale, logit_cap, window_left, check_num_kv_splits(num_kv_splits), backend)
     out, lse = _decode(given, options, check_inputs)
     return (out, lse) if return_lse else out
@@ -120,13 +123,7 @@ def _decode(given: DecodeOperands, options: _Options, check_inputs: bool = False
         window_left=options.window_left,
     )
     if check_inputs:
-        check = functools.partial(
-            check_index_values,
-            num_pages=problem.num_pages,
-            page_size=problem.page_size,
-            window_left=problem.window_left,
-        )
-        jax.debug.callback(check, given.page_table, given.seq_lens)
+        given = given._replace(seq_lens=_checked_seq_lens(given.page_table, given.seq_lens, problem))
     ops = given._replace(
         k_scale=scale_operand(given.k_scale),
         v_scale=scale_operand(given.v_scale),
@@ -164,7 +161,40 @@ def _decode(given: DecodeOperands, options: _Options, check_inputs: bool = False
     # batch (one launch for all of it) instead.
     vmappable = jax.custom_batching.custom_vmap(compute)
     vmappable.def_vmap(fold_vmapped_axis)
-    return vmappable(*(x for x in ops if x is not None))
+    return without_gradient(vmappable, "decode_attention")(*(x for x in ops if x is not None))
+
+
+class _DropCheckFailureLogs(logging.Filter):
+    """JAX logs a callback's exception with its traceback before it fails the call with
+    the same message; for check_inputs' own refusal the failed call says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], BadIndexValues))
+
+
+logging.getLogger("jax._src.callback").addFilter(_DropCheckFailureLogs())
+
+
+def _checked_seq_lens(page_table, seq_lens, problem):
+    """``seq_lens``, once :func:`check_index_values` has passed on the index values.
+
+    Eagerly (concrete arrays) a bad value raises ValueError here.  Under ``jax.jit`` the
+    check is a host callback whose result the kernels read, so it runs before them and
+    a bad value fails the call itself: ``jax.errors.JaxRuntimeError``, its message ending
+    in the ValueError's (no side effect left to re-raise at exit).
+    """
+    check = functools.partial(
+        check_index_values, num_pages=problem.num_pages, page_size=problem.page_size, window_left=problem.window_left
+    )
+    if not isinstance(page_table, jax.core.Tracer) and not isinstance(seq_lens, jax.core.Tracer):
+        check(np.asarray(page_table), np.asarray(seq_lens))
+        return seq_lens
+
+    def checked(page_table, seq_lens):
+        check(page_table, seq_lens)
+        return np.asarray(seq_lens)
+
+    return jax.pure_callback(checked, jax.ShapeDtypeStruct(seq_lens.shape, seq_lens.dtype), page_table, seq_lens)
 
 
 def _dispatch(ops: DecodeOperands, problem, backend: str, num_kv_splits: int | None):

@@ -8,7 +8,7 @@ first (correct, but a full cache write per step).
 
 from __future__ import annotations
 
-from jax_decode.arrays import float_operand, scale_operand
+from jax_decode.arrays import float_operand, scale_operand, without_gradient
 from jax_decode.backends import check_backend, dispatch
 from jax_decode.backends import interpret as interpret_backend
 from jax_decode.backends import triton as triton_backend
@@ -36,7 +36,8 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, k_scale=None, v_sc
     Returns ``(k_cache, v_cache)`` updated (v_cache None when it was None).
     """
     check_backend(backend)
-    k, v = write_operands(k_cache, v_cache, k_new, v_new, slot_mapping, float_operand(k_scale), float_operand(v_scale))
+    k_scale, v_scale = float_operand("k_scale", k_scale), float_operand("v_scale", v_scale)
+    k, v = write_operands(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
     k_problem, v_problem = check_write_kv_args(specs(k), None if v is None else specs(v))
     k_out = _write_one(k._replace(scale=scale_operand(k.scale)), k_problem, backend)
     if v is None:
@@ -48,13 +49,21 @@ def _write_one(ops: WriteOperands, problem: WriteProblem, backend: str):
     if problem.num_tokens == 0:
         return ops.cache
 
-    def on_gpu(device):
-        check_cache_dtype_on_device(problem.cache_dtype, device)
-        return triton_backend.write_cache(ops, problem, device)
+    present = tuple(x is not None for x in ops)
 
-    return dispatch(
-        backend,
-        on_gpu=on_gpu,
-        on_xla=lambda: xla_backend.write_cache(ops, problem),
-        on_interpreter=lambda: interpret_backend.write_cache(ops, problem),
-    )
+    def write(*arrays):
+        it = iter(arrays)
+        given = WriteOperands(*(next(it) if p else None for p in present))
+        return dispatch(
+            backend,
+            on_gpu=lambda device: _write_on_gpu(given, problem, device),
+            on_xla=lambda: xla_backend.write_cache(given, problem),
+            on_interpreter=lambda: interpret_backend.write_cache(given, problem),
+        )
+
+    return without_gradient(write, "write_kv")(*(x for x in ops if x is not None))
+
+
+def _write_on_gpu(ops: WriteOperands, problem: WriteProblem, device):
+    check_cache_dtype_on_device(problem.cache_dtype, device)
+    return triton_backend.write_cache(ops, problem, device)

@@ -17,17 +17,19 @@ def merge_states(xp: ModuleType, to_float32, out_a, lse_a, out_b, lse_b):
     ``out_*`` are ``[..., head_dim_v]`` (normalised outputs of each part), ``lse_*``
     float32 ``[...]`` (natural log-sum-exp of each part's scores, ``-inf`` for a part
     with no keys).  An empty part contributes exactly nothing: merging with it returns
-    the other part's output unchanged; two empty parts give zeros and ``-inf``.
+    the other part's output unchanged; two empty parts give zeros and ``-inf``.  A part
+    whose LSE is NaN or ``+inf`` is no attention state: the merged output and LSE are
+    NaN (never a silent "no keys").
     """
-    peak = xp.maximum(lse_a, lse_b)
-    peak_safe = xp.where(peak == -float("inf"), 0.0, peak)
-    weight_a = xp.exp(lse_a - peak_safe)  # 0 for an empty part, never NaN
+    peak = xp.maximum(lse_a, lse_b)  # NaN if either is NaN
+    empty = peak == -float("inf")
+    peak_safe = xp.where(empty, 0.0, peak)
+    weight_a = xp.exp(lse_a - peak_safe)  # 0 for an empty part; NaN for a NaN or +inf one
     weight_b = xp.exp(lse_b - peak_safe)
     total = weight_a + weight_b
-    has_keys = total > 0
-    total_safe = xp.where(has_keys, total, 1.0)
+    total_safe = xp.where(empty, 1.0, total)
     merged = (to_float32(out_a) * weight_a[..., None] + to_float32(out_b) * weight_b[..., None]) / total_safe[..., None]
-    lse = xp.where(has_keys, peak_safe + xp.log(total_safe), -float("inf"))
+    lse = xp.where(empty, -float("inf"), peak_safe + xp.log(total_safe))
     return merged, lse
 
 

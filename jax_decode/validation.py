@@ -11,6 +11,8 @@ import math
 import numbers
 from collections.abc import Sequence
 
+import numpy as np
+
 from jax_decode.launch import (
     FP8_FORMATS,
     MAX_BATCH,
@@ -28,6 +30,12 @@ SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
 FP8_DTYPES = tuple(FP8_FORMATS)  # cache-only dtypes: float8_e4m3fn, float8_e5m2
 INDEX_DTYPE = "int32"
 MAX_HEAD_DIM = 1024
+# The kernels count a row's tokens in int32, with room for a block past the end.
+MAX_TOKENS_PER_ROW = 2**30
+INT32_MAX = 2**31 - 1
+# CUDA's limit on a grid's second and third axes (stage 2 puts the heads on one).
+MAX_GRID_AXIS = 65535
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def dtype_name(dtype: object) -> str:
@@ -54,12 +62,16 @@ def _check_index_dtype(name: str, dtype: str) -> None:
 
 
 def _check_scalar(name: str, value: object, *, allow_zero: bool) -> float:
+    """A float option the kernels use in float32: finite and non-negative there (and
+    > 0 unless ``allow_zero``), so it can neither overflow to inf nor flush to 0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
     value = float(value)
+    rule = ">= 0" if allow_zero else "> 0"
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        rule = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be finite and {rule}, got {value}")
+    if value > FLOAT32_MAX or (value > 0 and np.float32(value) == 0 and not allow_zero):
+        raise ValueError(f"{name} must be finite and {rule} in float32, got {value}")
     return value
 
 
@@ -69,6 +81,19 @@ def _check_cache_dtype(name: str, dtype: str, q_dtype: str) -> None:
     _check_float_dtype(name, dtype)
     if dtype != q_dtype:
         raise TypeError(f"{name} dtype ({dtype}) must equal q dtype ({q_dtype}) or be one of {', '.join(FP8_DTYPES)}")
+
+
+def is_float_scalar(name: str, value: object, *, scalar_ok: bool) -> bool:
+    """Whether a scale / sinks operand is a real scalar (Python or NumPy, not bool),
+    which both frontends turn into a float32 array; arrays are judged by their shape
+    and dtype.  Sinks (``scalar_ok=False``) have one value per head: a scalar is refused."""
+    if isinstance(value, bool) or (isinstance(value, numbers.Number) and not isinstance(value, numbers.Real)):
+        raise TypeError(f"{name} must be a float or an array, got {type(value).__name__}")
+    if not isinstance(value, numbers.Real):
+        return False
+    if not scalar_ok:
+        raise TypeError(f"{name} must be an array of shape (num_heads,), got a {type(value).__name__}")
+    return True
 
 
 def check_scale(name: str, spec: tuple | None, num_kv_heads: int) -> int:
@@ -90,8 +115,8 @@ def check_window_left(window_left: object) -> int:
         return -1
     if isinstance(window_left, bool) or not isinstance(window_left, numbers.Integral):
         raise TypeError(f"window_left must be an int or None, got {type(window_left).__name__}")
-    if window_left < -1:
-        raise ValueError(f"window_left must be >= 0 (or -1 / None for no window), got {window_left}")
+    if not -1 <= window_left <= INT32_MAX:
+        raise ValueError(f"window_left must be in [0, {INT32_MAX}] (or -1 / None for no window), got {window_left}")
     return int(window_left)
 
 
@@ -149,10 +174,17 @@ def check_decode_args(
         raise ValueError(f"page_table batch ({page_table_shape[0]}) must equal q batch ({batch})")
     if seq_lens_shape[0] != batch:
         raise ValueError(f"seq_lens batch ({seq_lens_shape[0]}) must equal q batch ({batch})")
+    if page_table_shape[1] * k_shape[1] > MAX_TOKENS_PER_ROW:
+        raise ValueError(
+            f"page_table width ({page_table_shape[1]}) x page_size ({k_shape[1]}) = "
+            f"{page_table_shape[1] * k_shape[1]} tokens per row must be at most 2**30"
+        )
     if num_pages < 1 or page_size < 1:
         raise ValueError(f"k_cache must hold at least one page of at least one slot, got shape {tuple(k_shape)}")
     if num_heads < 1 or num_kv_heads < 1:
         raise ValueError(f"num_heads ({num_heads}) and num_kv_heads ({num_kv_heads}) must be >= 1")
+    if num_heads > MAX_GRID_AXIS:
+        raise ValueError(f"num_heads ({num_heads}) must be at most {MAX_GRID_AXIS} (a CUDA grid axis)")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if k_head_dim != head_dim_qk:
@@ -213,6 +245,10 @@ def check_decode_args(
     )
 
 
+class BadIndexValues(ValueError):
+    """A ``page_table`` / ``seq_lens`` value that ``check_inputs=True`` refuses."""
+
+
 def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int, window_left: int = -1) -> None:
     """The checked mode's run-time rule, on host (NumPy) copies of the index arrays.
 
@@ -221,14 +257,14 @@ def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int, 
     with a window only the pages holding its last ``window_left + 1`` tokens) must be in
     ``[0, num_pages)``.  Entries past a row's length, or wholly before its window, are
     never read and may hold anything (-1 padding, stale or freed ids).  Raises
-    ValueError naming the first offender.
+    :class:`BadIndexValues` (a ValueError) naming the first offender.
     """
     import numpy as np
 
     page_table, seq_lens = np.asarray(page_table), np.asarray(seq_lens)
     capacity = page_table.shape[1] * page_size
     for row in np.flatnonzero((seq_lens < 0) | (seq_lens > capacity))[:1]:
-        raise ValueError(
+        raise BadIndexValues(
             f"seq_lens[{row}] = {seq_lens[row]} is outside [0, {capacity}] "
             f"(max_pages {page_table.shape[1]} * page_size {page_size})"
         )
@@ -239,7 +275,7 @@ def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int, 
     used = (columns < pages_used[:, None]) & (columns >= first_page[:, None])
     bad = used & ((page_table < 0) | (page_table >= num_pages))
     for row, col in np.argwhere(bad)[:1]:
-        raise ValueError(
+        raise BadIndexValues(
             f"page_table[{row}, {col}] = {page_table[row, col]} is outside [0, num_pages = {num_pages}) "
             f"but holds tokens of row {row} (seq_lens[{row}] = {seq_lens[row]})"
         )
@@ -287,6 +323,11 @@ def check_write_kv_args(k: WriteOperands, v: WriteOperands | None) -> tuple[Writ
     if v is not None and tuple(v.cache[0][:3]) != tuple(k.cache[0][:3]):
         raise ValueError(f"v_cache shape {tuple(v.cache[0])} must match k_cache shape {tuple(k.cache[0])} in its pages")
     num_pages, page_size, num_kv_heads, head_dim = k.cache[0]
+    if num_kv_heads > MAX_GRID_AXIS or num_tokens > INT32_MAX:
+        raise ValueError(
+            f"num_kv_heads ({num_kv_heads}) must be at most {MAX_GRID_AXIS} and num_tokens ({num_tokens}) at most "
+            f"{INT32_MAX} (the write kernel's grid)"
+        )
     problems = []
     for name, ops in (("k_scale", k), ("v_scale", v)):
         if ops is None:

@@ -6,6 +6,11 @@ live on, so -1 padding past a row's length is accepted.
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
+import textwrap
+
 import jax
 import numpy as np
 import pytest
@@ -46,11 +51,37 @@ def _problem(break_it=None):
 
 
 @pytest.mark.parametrize("name", BAD_VALUES)
-def test_jax_checked_mode_raises_at_run_time(name):
+def test_jax_checked_mode_raises_at_run_time(name, caplog):
+    """Under jax.jit the call fails with JaxRuntimeError whose message ends in the
+    check's; nothing else is logged.  Eagerly it is the ValueError itself."""
     break_it, message = BAD_VALUES[name]
+    arrays = device_arrays(_problem(break_it))
     fn = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla", check_inputs=True))
-    with pytest.raises(Exception, match=message):
-        jax.block_until_ready(fn(*device_arrays(_problem(break_it))))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        jax.block_until_ready(fn(*arrays))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "the failure is reported once, not logged"
+    with pytest.raises(ValueError, match=message):
+        jax_decode.decode_attention(*arrays, backend="xla", check_inputs=True)
+
+
+def test_jax_checked_mode_failure_is_not_raised_again_at_exit():
+    """The check is a data dependency of the kernels, not a side effect, so a failed call
+    leaves nothing behind for JAX to re-raise when the interpreter exits."""
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, jax_decode
+        q = jnp.ones((2, 4, 16)); k = jnp.ones((3, 4, 2, 16))
+        page_table, seq_lens = jnp.array([[0, -1], [1, 2]], jnp.int32), jnp.array([6, 5], jnp.int32)
+        try:
+            jax.jit(lambda *a: jax_decode.decode_attention(*a, check_inputs=True))(q, k, k, page_table, seq_lens)
+        except jax.errors.JaxRuntimeError as error:
+            print("refused:", str(error).splitlines()[-1])
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "refused: " in result.stdout and "page_table[0, 1] = -1 is outside" in result.stdout
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", BAD_VALUES)

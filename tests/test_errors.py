@@ -283,7 +283,8 @@ def test_fp8_caches_with_scales_and_sinks_trace():
 
 
 BAD_WINDOWS = [
-    ("window_negative", dict(window_left=-2), ValueError, r"window_left must be >= 0 \(or -1 / None for no window\)"),
+    ("window_negative", dict(window_left=-2), ValueError, r"window_left must be in \[0, 2147483647\] \(or -1 / None"),
+    ("window_past_int32", dict(window_left=2**31), ValueError, r"window_left must be in \[0, 2147483647\]"),
     ("window_float", dict(window_left=4.0), TypeError, r"window_left must be an int or None, got float"),
 ]
 

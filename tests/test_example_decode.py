@@ -35,3 +35,17 @@ def test_paged_decoding_matches_dense(backend, dense_tokens):
     assert tokens[1, 0] != 0 or tokens[1, 1] != 0  # generated, not padding
     for row, prompt in enumerate(PROMPTS):  # prompts are replayed, then the model takes over
         np.testing.assert_array_equal(tokens[row, : len(prompt) - 1], prompt[1:])
+
+
+def test_the_documented_commands_run():
+    """Every command in the example's docstring runs as written (on the CPU: xla)."""
+    import re
+    import subprocess
+
+    commands = re.findall(r"^\s+python (examples/llama_decode\.py.*?)(?:\s+#.*)?$", llama.__doc__, flags=re.M)
+    assert len(commands) >= 2
+    for command in commands:
+        result = subprocess.run([sys.executable, *command.split()], capture_output=True, text=True, timeout=600,
+                                cwd=_PATH.parents[1])  # fmt: skip
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+        assert "tokens/s" in result.stdout

@@ -114,5 +114,5 @@ def test_same_window_messages_as_jax(name, options, error, match):
 
 
 def test_scale_of_wrong_type():
-    with pytest.raises(TypeError, match=r"k_scale must be a torch.Tensor, a Python float or None, got str"):
+    with pytest.raises(TypeError, match=r"k_scale must be a torch.Tensor, a float or None, got str"):
         torch_bridge.decode_attention(**tensors(), k_scale="1")

@@ -106,10 +106,13 @@ def test_write_kv_errors():
 
 def _quantised_expected(cache, new, slots, scale):
     """The documented rule: new / scale (per tensor or per KV head), clamped to the
-    format's finite range, rounded to nearest (ml_dtypes' cast)."""
+    format's finite range, rounded to nearest (ml_dtypes' cast); every NaN the
+    format's positive NaN."""
     limit = float(ml_dtypes.finfo(cache.dtype).max)
     scaled = new.astype(np.float32) / np.asarray(scale, np.float32).reshape(-1)[:, None]
-    return _expected(cache, np.clip(scaled, -limit, limit).astype(cache.dtype), slots)
+    quantised = np.clip(scaled, -limit, limit).astype(cache.dtype)
+    quantised[np.isnan(scaled)] = np.float32(np.nan).astype(cache.dtype)  # the positive NaN
+    return _expected(cache, quantised, slots)
 
 
 FP8_WRITES = [("float8_e4m3fn", "head"), ("float8_e5m2", "tensor"), ("float8_e4m3fn", "none")]
@@ -117,7 +120,8 @@ FP8_WRITES = [("float8_e4m3fn", "head"), ("float8_e5m2", "tensor"), ("float8_e4m
 
 def _fp8_problem(cache_dtype, scales, mla=False):
     k, v, k_new, v_new, slots = _problem("bfloat16", mla)
-    k_new[0, 0, :4] = [1e6, -1e6, 3.0, -0.0]  # saturate, not inf / NaN
+    # Saturate (not inf / NaN); a NaN stays NaN.
+    k_new[0, 0, :8] = [1e6, -1e6, 3.0, -0.0, np.nan, -np.nan, np.inf, -np.inf]
     k, v = (None if c is None else c.astype(np.float32).astype(NUMPY_DTYPES[cache_dtype]) for c in (k, v))
     shape = {"head": (2,), "tensor": (), "none": None}[scales]
     k_scale = None if shape is None else np.full(shape, 0.25, np.float32)
@@ -136,7 +140,8 @@ def test_write_kv_quantises_into_fp8(backend, cache_dtype, scales, mla):
     k_out, v_out = step(*arrays, **extras)
     expected_k = _quantised_expected(k, k_new, slots, 1.0 if k_scale is None else k_scale)
     np.testing.assert_array_equal(np.asarray(k_out).view(np.uint8), expected_k.view(np.uint8))
-    assert np.isfinite(np.asarray(k_out).astype(np.float32)).all()
+    k_values = np.asarray(k_out).astype(np.float32)
+    assert np.isnan(k_values).sum() == 2 and np.isfinite(k_values[~np.isnan(k_values)]).all()
     if not mla:
         expected_v = _quantised_expected(v, v_new, slots, 1.0 if v_scale is None else v_scale)
         np.testing.assert_array_equal(np.asarray(v_out).view(np.uint8), expected_v.view(np.uint8))
@@ -166,3 +171,18 @@ def test_write_kv_scale_errors():
         jax_decode.write_kv(*args, k_scale=jnp.ones(3))
     with pytest.raises(ValueError, match=r"v_scale must be None when v_cache is None"):
         jax_decode.write_kv(args[0], None, args[2], None, args[4], v_scale=1.0)
+
+
+@pytest.mark.parametrize("backend", ["xla", kernel_param])
+def test_write_kv_nan_scale_stores_nan_in_every_backend(backend):
+    """A NaN scale makes its KV head's rows NaN (not the format's largest value), as
+    dividing by NaN does; the other head's rows are quantised as usual."""
+    k, _, k_new, _, slots, _, _ = _fp8_problem("float8_e4m3fn", "none", mla=True)
+    k_scale = np.float32([np.nan, 0.5])
+    step = jax.jit(lambda *a, **kw: jax_decode.write_kv(*a, backend=backend, **kw))
+    k_out, _ = step(jnp.asarray(k), None, jnp.asarray(k_new), None, jnp.asarray(slots), k_scale=jnp.asarray(k_scale))
+    np.testing.assert_array_equal(
+        np.asarray(k_out).view(np.uint8), _quantised_expected(k, k_new, slots, k_scale).view(np.uint8)
+    )
+    written = np.asarray(k_out).astype(np.float32)[5 // 4, 5 % 4]  # token 0's slot
+    assert np.isnan(written[0]).all() and not np.isnan(written[1]).any()

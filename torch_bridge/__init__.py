@@ -2,8 +2,16 @@
 
 import os
 
-from torch_bridge.dlpack import jax_function, to_jax, to_torch
-from torch_bridge.ops import decode_attention, decode_attention_fwd, merge_attention_states, write_kv
+try:
+    import torch  # noqa: F401
+except ImportError as error:
+    raise ImportError(
+        "torch_bridge needs PyTorch: `pip install 'jax-decode[torch]'` (on a CPU-only machine, the CPU build: "
+        "`pip install torch --index-url https://download.pytorch.org/whl/cpu`)"
+    ) from error
+
+from torch_bridge.dlpack import jax_function, to_jax, to_torch  # noqa: E402
+from torch_bridge.ops import decode_attention, decode_attention_fwd, merge_attention_states, write_kv  # noqa: E402
 
 # An empty TRITON_CACHE_DIR (what jax_triton 0.3 leaves behind if it was imported
 # before us) makes every Triton launch from torch fail; empty never means anything else.

@@ -8,18 +8,26 @@ import jax
 import jax.numpy as jnp
 import torch
 
-# What the kernels take (fp8: caches); every one crosses without a copy.
-SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.float8_e4m3fn, torch.float8_e5m2)
+# 64-bit dtypes JAX keeps only with jax_enable_x64 (it would narrow them otherwise).
+_WIDE = (torch.int64, torch.float64, torch.uint64, torch.complex128)
 
 
 def to_jax(tensor: torch.Tensor, *, copy: bool = False) -> jax.Array:
     """The JAX array sharing ``tensor``'s memory (same device pointer).
 
     JAX arrays are dense and row-major, so a non-contiguous tensor cannot be shared:
-    that raises ``ValueError`` unless ``copy=True`` asks for a contiguous copy.
+    that raises ``ValueError`` unless ``copy=True`` asks for a contiguous copy.  A
+    64-bit tensor (e.g. torch's default int64) needs JAX's x64 mode: without it JAX
+    would narrow every value to 32 bits, so that raises ``TypeError`` instead.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype in _WIDE and not jax.config.jax_enable_x64:
+        raise TypeError(
+            f"tensor dtype {tensor.dtype} is 64-bit, but JAX runs without x64 and would narrow its values to "
+            "32 bits; cast it first (e.g. .to(torch.int32) for page tables and lengths) or enable "
+            'jax.config.update("jax_enable_x64", True)'
+        )
     if not tensor.is_contiguous():
         if not copy:
             raise ValueError(

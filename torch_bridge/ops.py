@@ -1,14 +1,15 @@
-"""PyTorch frontend: the kernels of ``jax_decode`` on torch tensors, as a torch custom op.
+"""PyTorch frontend: the kernels of ``jax_decode`` on torch tensors, and a torch custom op.
 
 CUDA tensors run the compiled kernels, CPU tensors run them in Triton's interpreter.
 Every launch goes through :func:`jax_decode.launch.make_launch_config` and
 :func:`torch_bridge.launcher.launch_decode`, with the JAX frontend's argument checks
 and operand order, so the same inputs give the same launch and bit-identical results.
 
-The op ``jax_decode::decode_attention_`` writes ``out``, ``lse`` and the float32
-``scratch`` in place and allocates nothing, so ``torch.compile(fullgraph=True)`` sees
-no graph break and a CUDA graph can capture and replay it.  ``scratch`` is either flat
-(the JAX frontend's layout: mid_o then mid_lse) or vLLM's ``attn_logits``
+Eager calls launch directly (the custom op's dispatch costs tens of microseconds).
+Under ``torch.compile`` both entry points are the op ``jax_decode::decode_attention_``,
+which writes ``out``, ``lse`` and the float32 ``scratch`` in place and allocates
+nothing, so ``fullgraph=True`` sees no graph break and a CUDA graph can capture and
+replay it.  ``scratch`` is either flat (mid_o then mid_lse) or vLLM's ``attn_logits``
 ``[batch, num_heads, num_kv_splits, head_dim_v + 1]`` (LSE in the last column).
 """
 
@@ -26,6 +27,8 @@ from jax_decode.validation import (
     check_index_values,
     check_num_kv_splits,
     check_write_kv_args,
+    dtype_name,
+    is_float_scalar,
     write_operands,
 )
 from torch_bridge.launcher import launch_decode, launch_write
@@ -47,6 +50,9 @@ def device_info(device: torch.device) -> DeviceInfo:
     raise ValueError(f"tensors must be on a CUDA device or the CPU (interpreter), got {device}")
 
 
+# --------------------------------------------------------------------------- planning
+
+
 def _plan_uncached(operand_specs: DecodeOperands, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits, device):
     """Check the arguments (shapes, dtypes, scalars) and make the launch config."""
     problem = check_decode_args(
@@ -55,7 +61,8 @@ def _plan_uncached(operand_specs: DecodeOperands, head_dim_v, sm_scale, logit_ca
     return make_launch_config(problem, device_info(device), check_num_kv_splits(num_kv_splits))
 
 
-_plan_cached = functools.lru_cache(maxsize=4096)(_plan_uncached)
+# typed: True == 1 and 1.0 == 1 as keys, but the checks treat them differently.
+_plan_cached = functools.lru_cache(maxsize=4096, typed=True)(_plan_uncached)
 
 
 def _plan(ops: DecodeOperands, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits) -> LaunchConfig:
@@ -85,76 +92,43 @@ def _split_scratch(scratch: torch.Tensor, config: LaunchConfig) -> tuple[torch.T
     return scratch[:mid_o_size].view(config.mid_o_shape), scratch[mid_o_size:].view(config.mid_lse_shape)
 
 
-@torch.library.custom_op("jax_decode::decode_attention_", mutates_args=("out", "lse", "scratch"))
-def _decode_attention_op(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    scratch: torch.Tensor,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    sm_scale: float,
-    logit_cap: float,
-    head_dim_v: int,
-    v_from_k: bool,
-    window_left: int,
-    num_kv_splits: int,
-) -> None:
-    ops = DecodeOperands(q, k_cache, None if v_from_k else v_cache, page_table, seq_lens, k_scale,
-                         None if v_from_k else v_scale, sinks)  # fmt: skip
-    config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
-    launch_decode(config, ops, *_split_scratch(scratch, config), out, lse)
-
-
-def _run_op(config: LaunchConfig, ops: DecodeOperands, out, lse, scratch) -> None:
-    """Through the custom op under torch.compile (opaque to it); directly otherwise.
-
-    The op's dispatch costs tens of microseconds per call, and eager callers (CUDA
-    graph capture included) do not need it.
-    """
-    if torch.compiler.is_compiling():
-        p = config.problem
-        torch.ops.jax_decode.decode_attention_(
-            ops.q, ops.k_cache, ops.k_cache if p.v_from_k else ops.v_cache, ops.page_table, ops.seq_lens, out, lse,
-            scratch, ops.k_scale, ops.v_scale, ops.sinks, p.sm_scale, p.logit_cap, p.head_dim_v, p.v_from_k,
-            p.window_left, config.num_kv_splits,
-        )  # fmt: skip
-    else:
-        launch_decode(config, ops, *_split_scratch(scratch, config), out, lse)
-
-
-@_decode_attention_op.register_fake
-def _(q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch, k_scale, v_scale, sinks, sm_scale, logit_cap,
-      head_dim_v, v_from_k, window_left, num_kv_splits):  # fmt: skip
-    return None
-
+# --------------------------------------------------------------------------- operands and checks
 
 _SCALARS: dict[tuple, torch.Tensor] = {}
 
 
-def _float_tensor(name: str, value, like: torch.Tensor) -> torch.Tensor | None:
-    """A scale or sinks operand as the kernels read it: float32, at least 1-D.
-
-    A Python number becomes a cached device tensor (made once per value and device,
-    so later calls do no host-to-device copy); float16/bfloat16 tensors are cast.
-    """
+def _float_input(name: str, value, like: torch.Tensor, *, scalar_ok: bool = True) -> torch.Tensor | None:
+    """A scale or sinks argument as a tensor: a real scalar (Python or NumPy) becomes a
+    float32 ``[1]`` device tensor, made once per value and device (so later calls copy
+    nothing to the device); a tensor passes through for the checks to judge."""
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if is_float_scalar(name, value, scalar_ok=scalar_ok):
+        if torch.compiler.is_compiling():
+            return torch.full((1,), float(value), dtype=torch.float32, device=like.device)
         key = (float(value), like.device)
         if key not in _SCALARS:
             _SCALARS[key] = torch.tensor([float(value)], dtype=torch.float32, device=like.device)
         return _SCALARS[key]
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, a Python float or None, got {type(value).__name__}")
-    if value.dtype in (torch.float16, torch.bfloat16):
-        value = value.float()
-    return value.reshape(1) if value.dim() == 0 else value
+        raise TypeError(f"{name} must be a torch.Tensor, a float or None, got {type(value).__name__}")
+    return value
+
+
+def _kernel_floats(ops: DecodeOperands) -> DecodeOperands:
+    """Checked scales and sinks as the kernels read them: float32, 1-D (16-bit ones are
+    cast, a copy per call)."""
+
+    def as_kernel_reads(t):
+        if t is None:
+            return None
+        if t.dtype != torch.float32:
+            t = t.float()
+        return t.reshape(1) if t.dim() == 0 else t
+
+    return ops._replace(
+        k_scale=as_kernel_reads(ops.k_scale), v_scale=as_kernel_reads(ops.v_scale), sinks=as_kernel_reads(ops.sinks)
+    )
 
 
 def _check_tensors(names: tuple[str, ...], tensors: tuple) -> None:
@@ -173,11 +147,44 @@ def _check_tensors(names: tuple[str, ...], tensors: tuple) -> None:
             index < 0 and tensor.device != first[1].device
         ):
             raise ValueError(f"{name} is on {tensor.device} but {first[0]} is on {first[1].device}; move them together")
-        if tensor.dim() > 0 and tensor.stride(-1) != 1 and tensor.shape[-1] > 1:
+        if tensor.dim() > 0 and tensor.stride(-1) != 1 and tensor.shape[-1] > 1 and tensor.numel() > 0:
             raise ValueError(
                 f"{name} must have a contiguous last dimension (stride 1), got strides {tuple(tensor.stride())}; "
                 "pass .contiguous()"
             )
+
+
+def _refuse_grad(names: tuple[str, ...], tensors: tuple) -> None:
+    """The kernels have no backward: refuse, rather than return an output with no grad_fn."""
+    if not torch.is_grad_enabled():
+        return
+    for name, tensor in zip(names, tensors, strict=True):
+        if tensor is not None and tensor.requires_grad:
+            raise ValueError(
+                f"{name} requires grad, but decode attention has no gradient (it is an inference kernel); "
+                f"call it under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
+            )
+
+
+@functools.lru_cache(maxsize=1024)
+def _elements_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether two elements of a strided tensor may share an address (e.g. an expanded
+    tensor): each dimension, in order of stride, must step past all smaller ones."""
+    span = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(strides, shape, strict=True) if sz > 1):
+        if stride < span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
+def _check_writable(name: str, tensor: torch.Tensor) -> None:
+    """A tensor the kernels write in place must give every element its own memory."""
+    if _elements_overlap(tuple(tensor.shape), tensor.stride()):
+        raise ValueError(
+            f"{name} has elements that share memory (shape {tuple(tensor.shape)}, strides {tuple(tensor.stride())}), "
+            f"so writes to it would overwrite each other; pass a tensor with its own storage (e.g. {name}.contiguous())"
+        )
 
 
 _LSE_SINKS: dict[tuple, torch.Tensor] = {}
@@ -187,11 +194,9 @@ def _lse_sink(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
     """A reused buffer for the LSE that vLLM's signature does not return.
 
     Only ever written (by stage 2), never read, so calls may share it; reusing it
-    saves an allocation per call.  Under torch.compile a fresh one is traced instead.
+    saves an allocation per call.
     """
     p = config.problem
-    if torch.compiler.is_compiling():
-        return q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
     key = (q.get_device(), p.batch, p.num_heads)
     sink = _LSE_SINKS.get(key)
     if sink is None:
@@ -201,12 +206,86 @@ def _lse_sink(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
 
 def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: LaunchConfig) -> None:
     """check_inputs=True: the shared run-time rule on host copies of the index tensors."""
+    if torch.compiler.is_compiling():
+        raise ValueError("check_inputs=True copies page tables to the host: call it eagerly, not under torch.compile")
     p = config.problem
     check_index_values(
         page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size,
         window_left=p.window_left,
     )  # fmt: skip
 
+
+def _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale) -> DecodeOperands:
+    """vLLM's buffers as operands; V is K's latent (MLA: read through K's tile, with K's
+    scale) when ``v_buffer`` is a view of ``k_buffer``'s first columns."""
+    v_from_k = (
+        v_buffer.data_ptr() == k_buffer.data_ptr()
+        and v_buffer.stride() == k_buffer.stride()
+        and v_buffer.shape[:-1] == k_buffer.shape[:-1]
+        and (v_scale is None or v_scale is k_scale)
+    )
+    return DecodeOperands(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len, k_scale,
+                          None if v_from_k else v_scale)  # fmt: skip
+
+
+def _check_fwd_buffers(config: LaunchConfig, o: torch.Tensor, attn_logits: torch.Tensor, num_kv_splits: int) -> None:
+    p = config.problem
+    expected = (p.batch, p.num_heads, num_kv_splits, p.head_dim_v + 1)
+    if tuple(attn_logits.shape) != expected or attn_logits.dtype != torch.float32:
+        raise ValueError(
+            f"attn_logits must be float32 of shape {expected} [batch, num_heads, num_kv_splits, head_dim_v + 1], "
+            f"got {attn_logits.dtype} of shape {tuple(attn_logits.shape)}"
+        )
+    if tuple(o.shape) != (p.batch, p.num_heads, p.head_dim_v) or dtype_name(o.dtype) != p.dtype:
+        raise ValueError(f"o must be {p.dtype} of shape {(p.batch, p.num_heads, p.head_dim_v)}, "
+                         f"got {o.dtype} of shape {tuple(o.shape)}")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the custom op
+
+
+@torch.library.custom_op("jax_decode::decode_attention_", mutates_args=("out", "lse", "scratch"))
+def _decode_attention_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scratch: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    sm_scale: float,
+    logit_cap: float,
+    head_dim_v: int,
+    v_from_k: bool | None,
+    window_left: int,
+    num_kv_splits: int,
+) -> None:
+    """Both entry points under torch.compile.  ``v_from_k`` None: vLLM's buffers, where
+    whether V is K's latent is found from their pointers here, at run time."""
+    _check_writable("o" if v_from_k is None else "out", out)
+    if v_from_k is None:
+        _check_writable("attn_logits", scratch)
+        ops = _fwd_operands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale)
+        config = _plan(ops, head_dim_v, sm_scale, logit_cap, None, num_kv_splits)
+        _check_fwd_buffers(config, out, scratch, num_kv_splits)
+    else:
+        ops = DecodeOperands(q, k_cache, None if v_from_k else v_cache, page_table, seq_lens, k_scale,
+                             None if v_from_k else v_scale, sinks)  # fmt: skip
+        config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+    launch_decode(config, _kernel_floats(ops), *_split_scratch(scratch, config), out, lse)
+
+
+@_decode_attention_op.register_fake
+def _(q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch, k_scale, v_scale, sinks, sm_scale, logit_cap,
+      head_dim_v, v_from_k, window_left, num_kv_splits):  # fmt: skip
+    return None
+
+
+# --------------------------------------------------------------------------- entry points
 
 _DECODE_NAMES = ("q", "k_cache", "v_cache", "page_table", "seq_lens", "k_scale", "v_scale", "sinks", "out")
 _FWD_NAMES = ("q", "k_buffer", "v_buffer", "req_to_token", "b_seq_len", "k_scale", "v_scale", "o", "attn_logits")
@@ -234,29 +313,40 @@ def decode_attention(
     """``jax_decode.decode_attention`` for torch tensors: same shapes, semantics and errors.
 
     ``out``, if given, is written in place (``[batch, num_heads, head_dim_v]``, q's
-    dtype and device; strided rows are fine).  Returns ``out`` or ``(out, lse)``.
-    ``k_scale``/``v_scale`` (fp8 caches), ``sinks`` and ``window_left`` as in JAX;
-    scales and sinks in float32 cost nothing extra (16-bit ones are cast per call).
-    ``check_inputs=True`` checks the values of ``page_table`` and ``seq_lens`` first
-    and raises ValueError on a bad one (it copies them to the host: eager use only).
+    dtype and device; strided rows are fine, rows sharing memory are refused).  Returns
+    ``out`` or ``(out, lse)``.  ``k_scale``/``v_scale`` (fp8 caches), ``sinks`` and
+    ``window_left`` as in JAX; scales and sinks in float32 cost nothing extra (16-bit
+    ones are cast per call).  ``check_inputs=True`` checks the values of ``page_table``
+    and ``seq_lens`` first and raises ValueError on a bad one (it copies them to the
+    host: eager use only).  Inputs that require grad are refused under grad mode.
     """
-    k_scale, v_scale = _float_tensor("k_scale", k_scale, q), _float_tensor("v_scale", v_scale, q)
-    sinks = _float_tensor("sinks", sinks, q)
-    ops = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
+    ops = DecodeOperands(
+        q, k_cache, v_cache, page_table, seq_lens, _float_input("k_scale", k_scale, q),
+        _float_input("v_scale", v_scale, q), _float_input("sinks", sinks, q, scalar_ok=False),
+    )  # fmt: skip
     _check_tensors(_DECODE_NAMES, (*ops, out))
+    _refuse_grad(_DECODE_NAMES, (*ops, out))
     config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
     if check_inputs:
         _check_values(page_table, seq_lens, config)
-    problem = config.problem
-    expected = (problem.batch, problem.num_heads, problem.head_dim_v)
+    p = config.problem
+    expected = (p.batch, p.num_heads, p.head_dim_v)
     if out is None:
         out = q.new_empty(expected)
     elif tuple(out.shape) != expected or out.dtype != q.dtype:
         raise ValueError(f"out must be {q.dtype} of shape {expected}, got {out.dtype} of shape {tuple(out.shape)}")
-    lse = q.new_empty((problem.batch, problem.num_heads), dtype=torch.float32)
-    scratch_size = (problem.head_dim_v + 1) * config.mid_lse_shape[0] * config.mid_lse_shape[1] * config.num_kv_splits
-    scratch = q.new_empty((scratch_size,), dtype=torch.float32)
-    _run_op(config, ops, out, lse, scratch)
+    elif not torch.compiler.is_compiling():  # (the op checks it when compiled)
+        _check_writable("out", out)
+    lse = q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
+    scratch = q.new_empty(((p.head_dim_v + 1) * p.batch * p.num_heads * config.num_kv_splits,), dtype=torch.float32)
+    if torch.compiler.is_compiling():
+        torch.ops.jax_decode.decode_attention_(
+            q, k_cache, k_cache if v_cache is None else v_cache, page_table, seq_lens, out, lse, scratch, ops.k_scale,
+            ops.v_scale, ops.sinks, p.sm_scale, p.logit_cap, p.head_dim_v, p.v_from_k, p.window_left,
+            config.num_kv_splits,
+        )  # fmt: skip
+    else:
+        launch_decode(config, _kernel_floats(ops), *_split_scratch(scratch, config), out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -293,31 +383,27 @@ def decode_attention_fwd(
         k_buffer, v_buffer = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
     if k_buffer.dim() == 4 and k_buffer.shape[1] != page_size:
         raise ValueError(f"k_buffer page_size ({k_buffer.shape[1]}) must equal page_size ({page_size})")
-    k_scale, v_scale = _float_tensor("k_scale", k_scale, q), _float_tensor("v_scale", v_scale, q)
-    _check_tensors(_FWD_NAMES, (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits))
-    v_from_k = (
-        v_buffer.data_ptr() == k_buffer.data_ptr()
-        and v_buffer.stride() == k_buffer.stride()
-        and v_buffer.shape[:-1] == k_buffer.shape[:-1]
-        and (v_scale is None or v_scale is k_scale)
-    )
-    # V is K's latent (MLA): read through K's tile, with K's scale.
-    ops = DecodeOperands(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len, k_scale,
-                         None if v_from_k else v_scale)  # fmt: skip
+    k_scale, v_scale = _float_input("k_scale", k_scale, q), _float_input("v_scale", v_scale, q)
+    tensors = (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits)
+    _check_tensors(_FWD_NAMES, tensors)
+    _refuse_grad(_FWD_NAMES, tensors)
+    if torch.compiler.is_compiling():  # planned and checked inside the op, at run time
+        if check_inputs:
+            _check_values(req_to_token, b_seq_len, None)
+        lse = q.new_empty(tuple(q.shape[:2]), dtype=torch.float32)
+        torch.ops.jax_decode.decode_attention_(
+            q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits, k_scale, v_scale, None,
+            float(sm_scale), float(logit_cap), v_buffer.shape[-1], None, -1, num_kv_splits,
+        )  # fmt: skip
+        return
+    _check_writable("o", o)
+    _check_writable("attn_logits", attn_logits)
+    ops = _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale)
     config = _plan(ops, v_buffer.shape[-1], sm_scale, logit_cap, None, num_kv_splits)
-    problem = config.problem
-    expected = (problem.batch, problem.num_heads, num_kv_splits, problem.head_dim_v + 1)
-    if tuple(attn_logits.shape) != expected or attn_logits.dtype != torch.float32:
-        raise ValueError(
-            f"attn_logits must be float32 of shape {expected} [batch, num_heads, num_kv_splits, head_dim_v + 1], "
-            f"got {attn_logits.dtype} of shape {tuple(attn_logits.shape)}"
-        )
-    if tuple(o.shape) != (problem.batch, problem.num_heads, problem.head_dim_v) or o.dtype != q.dtype:
-        raise ValueError(f"o must be {q.dtype} of shape {(problem.batch, problem.num_heads, problem.head_dim_v)}, "
-                         f"got {o.dtype} of shape {tuple(o.shape)}")  # fmt: skip
+    _check_fwd_buffers(config, o, attn_logits, num_kv_splits)
     if check_inputs:
         _check_values(req_to_token, b_seq_len, config)
-    _run_op(config, ops, o, _lse_sink(q, config), attn_logits)
+    launch_decode(config, _kernel_floats(ops), *_split_scratch(attn_logits, config), o, _lse_sink(q, config))
 
 
 def merge_attention_states(
@@ -343,12 +429,17 @@ def write_kv(
 
     No host sync and no data-dependent allocation, so it can be captured in a CUDA graph.
     """
-    k_scale, v_scale = _float_tensor("k_scale", k_scale, k_new), _float_tensor("v_scale", v_scale, k_new)
+    k_scale, v_scale = _float_input("k_scale", k_scale, k_new), _float_input("v_scale", v_scale, k_new)
     names = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping", "k_scale", "v_scale")
-    _check_tensors(names, (k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale))
-
+    tensors = (k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
+    _check_tensors(names, tensors)
+    _refuse_grad(names, tensors)
     k, v = write_operands(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
-    for ops, problem in zip((k, v), check_write_kv_args(specs(k), None if v is None else specs(v)), strict=True):
+    for ops, problem, name in zip(
+        (k, v), check_write_kv_args(specs(k), None if v is None else specs(v)), ("k_cache", "v_cache"), strict=True
+    ):
         if ops is not None:
+            _check_writable(name, ops.cache)
             check_cache_dtype_on_device(problem.cache_dtype, device_info(ops.cache.device))
-            launch_write(problem, ops)
+            scale = None if ops.scale is None else ops.scale.float().reshape(-1)
+            launch_write(problem, ops._replace(scale=scale))

@@ -46,7 +46,7 @@ def decode_attention(ops: DecodeOperands, problem: DecodeProblem):
     if p.logit_cap > 0:
         scores = p.logit_cap * jnp.tanh(scores / p.logit_cap)
     scores = jnp.where(token_ok[:, None, None, :], scores, -jnp.inf)
-    peak = scores.max(axis=-1)
+    peak = scores.max(axis=-1, initial=-jnp.inf)  # a page table of width 0 holds no tokens
     sinks = None if ops.sinks is None else ops.sinks.reshape(p.num_kv_heads, p.kv_group)
     if sinks is not None:
         peak = jnp.maximum(peak, sinks)
@@ -66,12 +66,19 @@ def write_cache(ops: WriteOperands, problem: WriteProblem):
     """The cache with this step's rows scattered into their slots (slots outside the cache dropped)."""
     cache, new, slots = ops.cache, ops.new, ops.slot_mapping
     num_slots = problem.num_slots
-    flat = cache.reshape(num_slots, *cache.shape[2:])
     in_range = (slots >= 0) & (slots < num_slots)
     index = jnp.where(in_range, slots, num_slots)  # past the end: dropped below
     if ops.scale is not None:
         new = new.astype(jnp.float32) / ops.scale[:, None]
     fp8 = FP8_FORMATS.get(problem.cache_dtype)
-    if fp8 is not None:  # the kernel's rule: clamp to the finite range, then round
-        new = jnp.clip(new.astype(jnp.float32), -fp8.largest, fp8.largest)
-    return flat.at[index].set(new.astype(cache.dtype), mode="drop").reshape(cache.shape)
+    if fp8 is None:
+        flat = cache.reshape(num_slots, *cache.shape[2:])
+        return flat.at[index].set(new.astype(cache.dtype), mode="drop").reshape(cache.shape)
+    # The kernel's rule: clamp to the finite range, round; every NaN the format's positive
+    # NaN.  Scattered as bits: XLA may widen fp8 through f32, whose NaNs vary by platform.
+    values = new.astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(jnp.clip(values, -fp8.largest, fp8.largest).astype(cache.dtype), jnp.uint8)
+    bits = jnp.where(jnp.isnan(values), jnp.uint8(fp8.nan_bits), bits)
+    flat = jax.lax.bitcast_convert_type(cache, jnp.uint8).reshape(num_slots, *cache.shape[2:])
+    flat = flat.at[index].set(bits, mode="drop")
+    return jax.lax.bitcast_convert_type(flat.reshape(cache.shape), cache.dtype)

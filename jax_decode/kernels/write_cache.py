@@ -12,9 +12,11 @@ from jax_decode.kernels.common import kv_scale
 
 
 @triton.jit
-def fp8_bits(x, MAN_BITS: tl.constexpr, BIAS: tl.constexpr):
-    """Bits of float32 ``x`` (finite, within the format's range) rounded to nearest-even
-    in an fp8 format with MAN_BITS mantissa bits and exponent bias BIAS.
+def fp8_bits(x, MAN_BITS: tl.constexpr, BIAS: tl.constexpr, NAN_BITS: tl.constexpr):
+    """Bits of float32 ``x`` (within the format's finite range, or NaN) rounded to
+    nearest-even in an fp8 format with MAN_BITS mantissa bits and exponent bias BIAS;
+    every NaN becomes NAN_BITS (a NaN's sign and payload depend on the hardware that
+    made it, so none is kept).
 
     By integer arithmetic rather than ``x.to(float8)``, so that compiled kernels and
     Triton's interpreter (whose float8 casts round wrongly) store the same bits.
@@ -33,7 +35,18 @@ def fp8_bits(x, MAN_BITS: tl.constexpr, BIAS: tl.constexpr):
     subnormal = (tl.abs(x) + magic).to(tl.uint32, bitcast=True) - MAGIC_BITS
     MIN_NORMAL_BITS: tl.constexpr = (127 + 1 - BIAS) << 23
     out = tl.where(magnitude < MIN_NORMAL_BITS, subnormal, normal) | ((bits >> 31) << 7)
+    out = tl.where(magnitude > 0x7F800000, NAN_BITS, out)
     return out.to(tl.uint8)
+
+
+@triton.jit
+def quantise_fp8(x, SATURATE: tl.constexpr, MAN_BITS: tl.constexpr, BIAS: tl.constexpr, NAN_BITS: tl.constexpr):
+    """fp8 bits of ``x``: saturated to +-SATURATE (the format's largest finite value),
+    rounded to nearest even; a NaN stays a NaN (the format's positive NaN)."""
+    x = x.to(tl.float32)
+    # tl.maximum would turn a NaN into -SATURATE: keep it a NaN.
+    x = tl.where(x != x, x, tl.minimum(tl.maximum(x, -SATURATE), SATURATE))
+    return fp8_bits(x, MAN_BITS, BIAS, NAN_BITS)
 
 
 @triton.jit
@@ -56,12 +69,14 @@ def _write_cache(
     SATURATE: tl.constexpr,  # an fp8 cache's largest finite value
     FP8_MAN_BITS: tl.constexpr,  # > 0: the cache is fp8 with this many mantissa bits ...
     FP8_BIAS: tl.constexpr,  # ... and this exponent bias
+    FP8_NAN_BITS: tl.constexpr,  # ... and this NaN
 ):
     """Scatter one token's row for one KV head into its cache slot (paged KV write).
 
     For an fp8 cache the row is quantised: divided by the scale and clamped to the
     format's finite range (no inf or NaN from a large value), then rounded to nearest
-    even.
+    even; a NaN (in the row, or from a NaN scale) is stored as the format's positive
+    NaN, as in every backend.
     """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -74,8 +89,8 @@ def _write_cache(
     row = tl.load(new_ptr + token * STRIDE_NT + head * STRIDE_NH + offs, mask=mask, other=0.0)
     if SCALE > 0:
         row = row.to(tl.float32) / kv_scale(scale_ptr, head, SCALE)
-    if FP8_MAN_BITS > 0:  # quantise: saturate to the finite range, round to nearest even
-        row = tl.minimum(tl.maximum(row.to(tl.float32), -SATURATE), SATURATE)
-        row = fp8_bits(row, FP8_MAN_BITS, FP8_BIAS).to(cache_ptr.dtype.element_ty, bitcast=True)
+    if FP8_MAN_BITS > 0:
+        bits = quantise_fp8(row, SATURATE, FP8_MAN_BITS, FP8_BIAS, FP8_NAN_BITS)
+        row = bits.to(cache_ptr.dtype.element_ty, bitcast=True)
     dst = cache_ptr + (slot // PAGE_SIZE) * STRIDE_CP + (slot % PAGE_SIZE) * STRIDE_CS + head * STRIDE_CH
     tl.store(dst + offs, row.to(cache_ptr.dtype.element_ty), mask=mask & valid)

@@ -205,7 +205,7 @@ def write_cache_launch(
     """The paged KV write: one program per (token, KV head) copies one row.
 
     Rows are divided by the scale and, for an fp8 cache, saturated to its finite range
-    before the cast.
+    before the cast (a NaN stays NaN).
     """
     p = problem
     block_d = next_power_of_2(p.head_dim)
@@ -223,6 +223,7 @@ def write_cache_launch(
         SATURATE=fp8.largest,
         FP8_MAN_BITS=fp8.mantissa_bits,
         FP8_BIAS=fp8.bias,
+        FP8_NAN_BITS=fp8.nan_bits,
     )
     num_warps = 1 if block_d <= 128 else 2
     return KernelLaunch("write_cache", (p.num_tokens, p.num_kv_heads, 1), num_warps, 1, tuple(meta.items()))

@@ -15,15 +15,17 @@ SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_KV_HEAD = 0, 1, 2
 
 class Fp8Format(NamedTuple):
     """An fp8 cache format: quantised writes saturate at ``largest`` (its largest finite
-    value) and round to ``mantissa_bits`` with exponent ``bias``."""
+    value), round to ``mantissa_bits`` with exponent ``bias``, and store every NaN as
+    ``nan_bits`` (the format's positive NaN, as ml_dtypes writes it)."""
 
     largest: float
     mantissa_bits: int
     bias: int
+    nan_bits: int
 
 
-FP8_FORMATS = {"float8_e4m3fn": Fp8Format(448.0, 3, 7), "float8_e5m2": Fp8Format(57344.0, 2, 15)}
-NO_FP8 = Fp8Format(0.0, 0, 0)  # the write kernel's constexprs for a 16/32-bit cache
+FP8_FORMATS = {"float8_e4m3fn": Fp8Format(448.0, 3, 7, 0x7F), "float8_e5m2": Fp8Format(57344.0, 2, 15, 0x7E)}
+NO_FP8 = Fp8Format(0.0, 0, 0, 0)  # the write kernel's constexprs for a 16/32-bit cache
 
 
 def itemsize(dtype: str) -> int:
