@@ -29,27 +29,34 @@ from jax_decode.launch import KernelLaunch, KernelStrides, LaunchConfig, WritePr
 MAX_CACHED_LAUNCHES = 1024
 
 
+def specialization_key(backend_type, device_index: int, args: tuple) -> tuple:
+    """What Triton specialises a compiled kernel on, for these runtime arguments: each
+    tensor's dtype and 16-byte alignment, each int's width and whether it is 1 or
+    divisible by 16 (Triton's own ``native_specialize_impl``), and the device."""
+    from triton._C.libtriton import native_specialize_impl
+
+    return (device_index, *(native_specialize_impl(backend_type, a, False, True, True) for a in args))
+
+
 @functools.cache
-def _specializer():
-    """``(device index) -> key(args)`` from Triton's own specialisation rules, or None
-    where this Triton does not expose them (then every launch goes through Triton)."""
+def _backend_type(device_index: int):
+    """Triton's compiler backend class for a CUDA device (what its specialisation asks)."""
+    from triton.compiler.compiler import make_backend
+    from triton.runtime import driver
+
+    with torch.cuda.device(device_index):
+        return type(make_backend(driver.active.get_current_target()))
+
+
+@functools.cache
+def _can_key() -> bool:
+    """This Triton exposes its specialisation rules (3.4 and later); without them every
+    launch goes through Triton's own binder."""
     try:
-        from triton._C.libtriton import native_specialize_impl
-        from triton.compiler.compiler import make_backend
-        from triton.runtime import driver
+        from triton._C.libtriton import native_specialize_impl  # noqa: F401
     except ImportError:
-        return None
-
-    @functools.cache
-    def backend_type(device_index: int):
-        with torch.cuda.device(device_index):
-            return type(make_backend(driver.active.get_current_target()))
-
-    def key(device_index: int, args: tuple) -> tuple:
-        backend = backend_type(device_index)
-        return (device_index, *(native_specialize_impl(backend, a, False, True, True) for a in args))
-
-    return key
+        return False
+    return True
 
 
 class StageLauncher:
@@ -74,8 +81,7 @@ class StageLauncher:
         if device_index < 0:
             run_interpreted(self.launch, args)
             return
-        specialize = _specializer()
-        key = None if specialize is None else specialize(device_index, args)
+        key = specialization_key(_backend_type(device_index), device_index, args) if _can_key() else None
         runner = self.runners.get(key) if key is not None else None
         if runner is not None:
             runner(*args, *self.constexpr_values)

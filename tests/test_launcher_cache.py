@@ -1,0 +1,111 @@
+"""The torch launcher reuses a compiled kernel only where Triton itself would.
+
+After its first launch, a launch calls the compiled kernel's launcher directly; the
+key for that must cover everything Triton specialises a kernel on.  On the CPU the key
+is checked against Triton's rules; on a GPU, calls that differ in one runtime argument
+or dtype (in both orders, in one process) must each write what a fresh process would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from cases import GQA4, MHA
+from torch_support import to_float64, to_tensor
+
+import torch_bridge
+from jax_decode.reference import decode_attention_reference
+
+
+@pytest.fixture(scope="module")
+def cuda_backend_type():
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    return type(make_backend(GPUTarget("cuda", 90, 32)))
+
+
+def test_key_follows_tritons_specialisation(cuda_backend_type):
+    from torch_bridge.launcher import specialization_key
+
+    def key(*args):
+        return specialization_key(cuda_backend_type, 0, args)
+
+    f32, bf16 = torch.zeros(64), torch.zeros(64, dtype=torch.bfloat16)
+    assert key(f32, 8) == key(torch.zeros(32), 8)  # same dtype, alignment and int class
+    assert key(f32, 8) != key(bf16, 8)  # dtype
+    assert key(f32, 1) != key(f32, 8)  # an int equal to 1 is a constant
+    assert key(f32, 16) != key(f32, 17)  # divisibility by 16
+    assert key(f32, 17) == key(f32, 19)
+    assert key(f32, 2**31 - 1) != key(f32, 2**31)  # int32 vs int64
+    assert key(f32[1:], 8) != key(f32, 8)  # 16-byte alignment
+    assert specialization_key(cuda_backend_type, 1, (f32, 8)) != key(f32, 8)  # device
+
+
+gpu = pytest.mark.gpu
+
+
+def _write(cache_slots: int, new_dtype: torch.dtype, value: float, slot: int):
+    cache = torch.zeros(cache_slots, 1, 2, 16, device="cuda", dtype=torch.bfloat16)
+    new = torch.full((1, 2, 16), value, device="cuda", dtype=new_dtype)
+    torch_bridge.write_kv(cache, None, new, None, torch.tensor([slot], device="cuda", dtype=torch.int32))
+    return cache
+
+
+@gpu
+@pytest.mark.parametrize("order", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+def test_write_kv_new_rows_dtype_changes_between_calls(order):
+    for value, dtype in zip((1.0, 3.0), order, strict=True):
+        cache = _write(8, dtype, value, slot=5)
+        assert (cache[5] == value).all() and (cache[:5] == 0).all() and (cache[6:] == 0).all(), (dtype, value)
+
+
+@gpu
+@pytest.mark.parametrize("order", [(1, 8), (8, 1), (16, 17), (17, 16)])
+def test_write_kv_slot_count_changes_between_calls(order):
+    for slots in order:  # the slot count is a runtime int: 1 and multiples of 16 specialise
+        slot = slots - 1 if slots > 1 else 0
+        cache = _write(slots, torch.bfloat16, 2.0, slot=min(6, slot))
+        assert (cache[min(6, slot)] == 2.0).all(), slots
+        assert int((cache != 0).sum()) == 2 * 16, slots
+
+
+def _decode(case, *, num_pages: int | None = None, dtype: str | None = None, shift_q: bool = False, scale=None):
+    import dataclasses
+
+    if dtype is not None:
+        case = dataclasses.replace(case, dtype=dtype)
+    problem = case.problem()
+    if num_pages is not None:  # the cache's page count, a runtime int of the kernel
+        pages = problem.k_cache.shape[0]
+        assert num_pages >= pages
+        pad = [(0, num_pages - pages)] + [(0, 0)] * 3
+        problem.k_cache, problem.v_cache = np.pad(problem.k_cache, pad), np.pad(problem.v_cache, pad)
+    q, k, v, pt, sl = (to_tensor(a, "cuda") for a in problem.arrays)
+    if shift_q:  # same shapes, q 4 bytes into its storage
+        storage = torch.empty(q.numel() + 2, device="cuda", dtype=q.dtype)
+        q = storage[2:].view(q.shape).copy_(q) if q.element_size() == 2 else storage[1:].view(q.shape).copy_(q)
+        assert q.data_ptr() % 16 != 0
+    out = torch_bridge.decode_attention(q, k, v, pt, sl, num_kv_splits=2, k_scale=scale, v_scale=scale)
+    expected, _ = decode_attention_reference(*problem.arrays, k_scale=scale, v_scale=scale)
+    tol = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}[case.dtype if dtype is None else dtype]
+    np.testing.assert_allclose(to_float64(out), expected, atol=tol, rtol=tol)
+
+
+@gpu
+@pytest.mark.parametrize("case", [MHA, GQA4], ids=["mha", "gqa"])
+@pytest.mark.parametrize(
+    "variations",
+    [
+        [dict(num_pages=19), dict(num_pages=32), dict(num_pages=33), dict(num_pages=32)],  # %16 changes
+        [dict(dtype="float16"), dict(dtype="bfloat16"), dict(dtype="float16")],  # dtypes
+        [dict(), dict(shift_q=True), dict()],  # alignment, both orders
+        [dict(shift_q=True), dict()],
+        [dict(), dict(scale=0.5), dict()],  # a scale pointer's dtype (placeholder int32 vs float32)
+    ],
+    ids=["num_pages", "dtype", "alignment", "alignment_first", "scale"],
+)
+def test_decode_runtime_arguments_change_between_calls(case, variations):
+    for variation in variations:
+        _decode(case, **variation)
