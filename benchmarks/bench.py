@@ -44,6 +44,7 @@ DEFAULT_IMPLS = ("torch_bridge", "best split", "jax_decode", "vllm")
 SPLIT_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 VLLM_SPLITS = (2, 4, 8, 16, 32, 64)
 CHECKED_ROWS = 2
+DEVICE = "cuda"  # where the inputs live (the timing needs CUDA)
 
 
 # --------------------------------------------------------------------------- rows and summary
@@ -144,7 +145,7 @@ def _problems(row: Row, copies: int):
     """``copies`` independent input sets as torch CUDA tensors."""
     from benchmarks.inputs import TorchArrays
 
-    return [_problem_for(row, TorchArrays("cuda"), seed) for seed in range(copies)]
+    return [_problem_for(row, TorchArrays(DEVICE), seed) for seed in range(copies)]
 
 
 def _options(row: Row) -> dict:
@@ -164,9 +165,7 @@ def _oracle(row: Row, problem) -> tuple[list[int], object]:
     seq_lens = problem.arrays_from.to_numpy(problem.seq_lens)
     rows = sorted({int(seq_lens.argmax()), 0})[:CHECKED_ROWS]
     host = problem.host_rows(rows)
-    expected, _ = decode_attention_reference(
-        *host.arrays, head_dim_v=row.head_dim_v if row.mla else None, **host.extras, **_options(row)
-    )
+    expected, _ = decode_attention_reference(*host.arrays, **host.extras, **_options(row))
     return rows, expected
 
 
@@ -184,7 +183,7 @@ def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
     out_shape = (row.batch, row.num_heads, row.head_dim_v)
 
     def bridge(splits=None):
-        out = torch.empty(out_shape, device="cuda", dtype=getattr(torch, row.dtype))
+        out = torch.empty(out_shape, device=DEVICE, dtype=getattr(torch, row.dtype))
 
         def run(p):
             return torch_bridge.decode_attention(*p.arrays, out=out, num_kv_splits=splits, **p.extras, **options)
@@ -217,8 +216,8 @@ def _vllm(row: Row):
     import torch
 
     def make(splits):
-        out = torch.empty(row.batch, row.num_heads, row.head_dim_v, device="cuda", dtype=getattr(torch, row.dtype))
-        logits = torch.empty(row.batch, row.num_heads, splits, row.head_dim_v + 1, device="cuda")
+        out = torch.empty(row.batch, row.num_heads, row.head_dim_v, device=DEVICE, dtype=getattr(torch, row.dtype))
+        logits = torch.empty(row.batch, row.num_heads, splits, row.head_dim_v + 1, device=DEVICE)
 
         def run(p):
             q, k, v, pt, sl = p.arrays
@@ -335,12 +334,11 @@ def bench_row(row: Row, wanted, ceilings: dict, device_time: bool, sweep: tuple[
 
 
 def _launch_config(row: Row, problem, num_kv_splits: int | None = None):
-    """The launch config torch_bridge plans for ``problem`` (torch CUDA tensors)."""
-    import torch
-
-    from jax_decode.launch import DeviceInfo, make_launch_config
+    """The launch config torch_bridge plans for ``problem`` (torch tensors)."""
+    from jax_decode.launch import make_launch_config
     from jax_decode.operands import DecodeOperands, specs
     from jax_decode.validation import check_decode_args
+    from torch_bridge.ops import device_info
 
     extras = problem.extras
     ops = DecodeOperands(*problem.arrays, extras.get("k_scale"), extras.get("v_scale"), extras.get("sinks"))
@@ -349,9 +347,7 @@ def _launch_config(row: Row, problem, num_kv_splits: int | None = None):
         specs(ops), head_dim_v=options.get("head_dim_v"), sm_scale=None, logit_cap=row.logit_cap,
         window_left=row.window_left,
     )  # fmt: skip
-    props = torch.cuda.get_device_properties(0)
-    device = DeviceInfo("nvidia", props.major * 10 + props.minor, props.multi_processor_count)
-    return make_launch_config(checked, device, num_kv_splits)
+    return make_launch_config(checked, device_info(problem.q.device), num_kv_splits)
 
 
 def environment() -> dict:

@@ -74,14 +74,16 @@ def main() -> None:
         if not excess <= 0:
             raise SystemExit(f"{name} is wrong (by {excess:.3g} beyond the tolerance); not timed")
         print(f"{name:<36} {per_call_us(fn):7.1f} us per call", flush=True)
-    if "--profile" in sys.argv:  # where the time of our drop-in goes
+    if "--profile" in sys.argv:  # where the time of our entry points goes
         import cProfile
         import pstats
 
-        profiler = cProfile.Profile()
-        fn = calls["torch_bridge.decode_attention_fwd"]
-        profiler.runcall(lambda: [fn() for _ in range(CALLS)])
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+        for name in ("torch_bridge.decode_attention_fwd", "torch_bridge.decode_attention"):
+            profiler = cProfile.Profile()
+            fn = calls[name]
+            profiler.runcall(lambda fn=fn: [fn() for _ in range(CALLS)])
+            print(f"\n{name}:")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
 
 
 if __name__ == "__main__":
