@@ -84,8 +84,9 @@ def _decode(case, *, num_pages: int | None = None, dtype: str | None = None, shi
         problem.k_cache, problem.v_cache = np.pad(problem.k_cache, pad), np.pad(problem.v_cache, pad)
     q, k, v, pt, sl = (to_tensor(a, "cuda") for a in problem.arrays)
     if shift_q:  # same shapes, q 4 bytes into its storage
-        storage = torch.empty(q.numel() + 2, device="cuda", dtype=q.dtype)
-        q = storage[2:].view(q.shape).copy_(q) if q.element_size() == 2 else storage[1:].view(q.shape).copy_(q)
+        offset = 4 // q.element_size()
+        storage = torch.empty(q.numel() + offset, device="cuda", dtype=q.dtype)
+        q = storage[offset:].view(q.shape).copy_(q)
         assert q.data_ptr() % 16 != 0
     out = torch_bridge.decode_attention(q, k, v, pt, sl, num_kv_splits=2, k_scale=scale, v_scale=scale)
     expected, _ = decode_attention_reference(*problem.arrays, k_scale=scale, v_scale=scale)
