@@ -8,6 +8,13 @@ updated in place) and attends with ``jax_decode.decode_attention``.
 
     python examples/llama_decode.py                  # the Triton kernels on a GPU, xla elsewhere
     python examples/llama_decode.py --backend xla --steps 64 --batch 8
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 \
+        python examples/llama_decode.py --backend xla --tensor-parallel 2 --sequence-parallel 2
+
+With ``--tensor-parallel N`` the attention weights and the caches are sharded on heads
+over N devices, with ``--sequence-parallel M`` the caches on pages over M devices (on a
+CPU, host devices stand in for GPUs); the same jitted step then runs partitioned, and
+``decode_attention`` / ``write_kv`` run on each device's shard.
 
 ``dense_greedy`` decodes the same model with plain causal attention over the whole
 sequence; the test suite checks both give the same tokens.
@@ -83,7 +90,8 @@ def mlp(p, x):
 
 def empty_caches(cfg: Config, batch: int):
     pages_per_row = cfg.max_len // cfg.page_size
-    shape = (batch * pages_per_row + 1, cfg.page_size, cfg.kv_heads, cfg.head_dim)
+    # Page 0 is spare; the count is rounded up to a multiple of 8 so pages shard evenly.
+    shape = (-(-(batch * pages_per_row + 1) // 8) * 8, cfg.page_size, cfg.kv_heads, cfg.head_dim)
     caches = [(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(cfg.layers)]
     # Rows own shuffled pages (page 0 is spare), as a serving engine's allocator would hand out.
     order = np.random.default_rng(0).permutation(np.arange(1, batch * pages_per_row + 1))
@@ -111,10 +119,37 @@ def decode_step(params, caches, page_table, tokens, positions, *, cfg: Config, b
     return rms_norm(x) @ params["head"], new_caches
 
 
-def paged_greedy(params, cfg: Config, prompts: list[list[int]], steps: int, backend: str = "auto"):
-    """Feed prompts token by token, then greedy-decode; returns tokens [batch, steps]."""
+def shard(params, caches, mesh):
+    """Heads over mesh axis "tp" (the attention weights, the caches' KV heads), pages over
+    "sp" (the caches): NamedShardings the jitted step runs under."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def put(x, *spec):
+        return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+
+    kv_heads = caches[0][0].shape[2]
+    if kv_heads % mesh.shape["tp"]:
+        raise ValueError(f"{kv_heads} KV heads cannot be split over {mesh.shape['tp']} devices")
+
+    layers = [
+        dict(p, wq=put(p["wq"], None, "tp"), wk=put(p["wk"], None, "tp"), wv=put(p["wv"], None, "tp"),
+             wo=put(p["wo"], "tp", None))
+        for p in params["layers"]
+    ]  # fmt: skip
+    caches = [(put(k, "sp", None, "tp"), put(v, "sp", None, "tp")) for k, v in caches]
+    return dict(params, layers=layers), caches
+
+
+def paged_greedy(params, cfg: Config, prompts: list[list[int]], steps: int, backend: str = "auto", mesh=None):
+    """Feed prompts token by token, then greedy-decode; returns tokens [batch, steps].
+
+    ``mesh``: a ``jax.sharding.Mesh`` with axes "tp" and "sp" to run the step sharded
+    (see :func:`shard`)."""
     batch = len(prompts)
     caches, page_table = empty_caches(cfg, batch)
+    if mesh is not None:
+        params, caches = shard(params, caches, mesh)
     lengths = np.array([len(p) for p in prompts])
     if steps >= cfg.max_len:
         raise ValueError(f"steps ({steps}) must be below the cache's max_len ({cfg.max_len})")
@@ -171,15 +206,27 @@ def main() -> None:
     parser.add_argument("--backend", default="auto", choices=jax_decode.BACKENDS)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="devices the heads are sharded over")
+    parser.add_argument("--sequence-parallel", type=int, default=1, help="devices the cache pages are sharded over")
     args = parser.parse_args()
+    mesh = None
+    devices = args.tensor_parallel * args.sequence_parallel
+    if devices > 1:
+        from jax.sharding import Mesh
+
+        if jax.devices()[0].platform == "cpu" and len(jax.devices()) < devices:
+            raise SystemExit(f"run with XLA_FLAGS=--xla_force_host_platform_device_count={devices} for {devices} "
+                             "host devices")  # fmt: skip
+        grid = np.array(jax.devices()[:devices]).reshape(args.sequence_parallel, args.tensor_parallel)
+        mesh = Mesh(grid, ("sp", "tp"))
     page_size = Config.page_size
     cfg = Config(max_len=page_size * -(-(args.steps + 1) // page_size))  # a cache that holds every step
     params = init_params(cfg)
     rng = np.random.default_rng(1)
     prompts = [list(rng.integers(0, cfg.vocab, size=int(n))) for n in rng.integers(2, 12, size=args.batch)]
-    paged_greedy(params, cfg, prompts, 2, args.backend)  # compile
+    paged_greedy(params, cfg, prompts, 2, args.backend, mesh)  # compile
     start = time.perf_counter()
-    tokens = paged_greedy(params, cfg, prompts, args.steps, args.backend)
+    tokens = paged_greedy(params, cfg, prompts, args.steps, args.backend, mesh)
     elapsed = time.perf_counter() - start
     print(f"{args.batch} rows x {args.steps} steps on {jax.devices()[0].platform} ({args.backend}): "
           f"{args.batch * args.steps / elapsed:.0f} tokens/s")  # fmt: skip

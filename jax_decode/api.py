@@ -27,6 +27,7 @@ from jax_decode.backends import xla as xla_backend
 from jax_decode.launch import DeviceInfo, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.operands import ROW_OPERANDS, DecodeOperands, specs
+from jax_decode.sharding import sharded_decode
 from jax_decode.validation import BadIndexValues, check_decode_args, check_index_values, check_num_kv_splits
 
 
@@ -136,7 +137,11 @@ def _decode(given: DecodeOperands, options: _Options, check_inputs: bool = False
         return DecodeOperands(*(next(it) if p else absent for p in present))
 
     def compute(*arrays):
-        return _dispatch(unflatten(arrays, None), problem, options.backend, options.num_kv_splits)
+        def on_device(ops, device_problem):  # one device's shard, or the whole call
+            return _dispatch(ops, device_problem, options.backend, options.num_kv_splits)
+
+        host_callback = options.backend == "interpret"
+        return sharded_decode(unflatten(arrays, None), problem, on_device, host_callback=host_callback)
 
     def fold_vmapped_axis(axis_size, in_batched, *arrays):
         """jax.vmap rule: a mapped axis of q / page_table / seq_lens joins the batch."""

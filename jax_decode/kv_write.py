@@ -15,6 +15,7 @@ from jax_decode.backends import triton as triton_backend
 from jax_decode.backends import xla as xla_backend
 from jax_decode.launch import WriteProblem, check_cache_dtype_on_device
 from jax_decode.operands import WriteOperands, specs
+from jax_decode.sharding import sharded_write
 from jax_decode.validation import check_write_kv_args, write_operands
 
 
@@ -51,15 +52,18 @@ def _write_one(ops: WriteOperands, problem: WriteProblem, backend: str):
 
     present = tuple(x is not None for x in ops)
 
-    def write(*arrays):
-        it = iter(arrays)
-        given = WriteOperands(*(next(it) if p else None for p in present))
+    def on_device(given: WriteOperands, device_problem: WriteProblem):  # one device's shard, or the whole cache
         return dispatch(
             backend,
-            on_gpu=lambda device: _write_on_gpu(given, problem, device),
-            on_xla=lambda: xla_backend.write_cache(given, problem),
-            on_interpreter=lambda: interpret_backend.write_cache(given, problem),
+            on_gpu=lambda device: _write_on_gpu(given, device_problem, device),
+            on_xla=lambda: xla_backend.write_cache(given, device_problem),
+            on_interpreter=lambda: interpret_backend.write_cache(given, device_problem),
         )
+
+    def write(*arrays):
+        it = iter(arrays)
+        ops = WriteOperands(*(next(it) if p else None for p in present))
+        return sharded_write(ops, problem, on_device, host_callback=backend == "interpret")
 
     return without_gradient(write, "write_kv")(*(x for x in ops if x is not None))
 

@@ -1,8 +1,15 @@
 from __future__ import annotations
 
-import jax
-import pytest
-from hypothesis import HealthCheck, settings
+import os
+
+# Eight host devices for the sharding tests (tests/test_sharding.py); a GPU's devices
+# are unaffected.  Set before JAX initialises its backends.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Property tests: a fixed, small set of examples in CI ("ci", the default); many more,
 # freshly drawn, with --hypothesis-profile=thorough.

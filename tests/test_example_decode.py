@@ -4,6 +4,7 @@ produces the same greedy tokens as the same model with dense causal attention.""
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import sys
 
@@ -42,10 +43,26 @@ def test_the_documented_commands_run():
     import re
     import subprocess
 
-    commands = re.findall(r"^\s+python (examples/llama_decode\.py.*?)(?:\s+#.*)?$", llama.__doc__, flags=re.M)
-    assert len(commands) >= 2
-    for command in commands:
+    doc = llama.__doc__.replace("\\\n", " ")
+    commands = re.findall(r"^\s+((?:\w+=\S+\s+)*)python (examples/llama_decode\.py.*?)(?:\s+#.*)?$", doc, flags=re.M)
+    assert len(commands) >= 3
+    for env_vars, command in commands:
+        env = dict(os.environ, **dict(v.split("=", 1) for v in env_vars.split()))
         result = subprocess.run([sys.executable, *command.split()], capture_output=True, text=True, timeout=600,
-                                cwd=_PATH.parents[1])  # fmt: skip
+                                cwd=_PATH.parents[1], env=env)  # fmt: skip
         assert result.returncode == 0, (command, result.stderr[-2000:])
         assert "tokens/s" in result.stdout
+
+
+@pytest.mark.parametrize(("tp", "sp"), [(2, 1), (1, 2), (2, 2), (1, 4)])
+def test_sharded_decoding_gives_the_single_device_tokens(tp, sp, dense_tokens):
+    """The same step over a mesh (heads over "tp", cache pages over "sp"; host devices)."""
+    import jax
+    from jax.sharding import Mesh
+
+    devices = jax.devices("cpu")
+    if len(devices) < tp * sp:
+        pytest.skip(f"needs {tp * sp} host devices")
+    mesh = Mesh(np.array(devices[: tp * sp]).reshape(sp, tp), ("sp", "tp"))
+    tokens = llama.paged_greedy(llama.init_params(CFG), CFG, PROMPTS, STEPS, "xla", mesh)
+    np.testing.assert_array_equal(tokens, dense_tokens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from jax_decode.launch.config import LaunchConfig, Variant
+from jax_decode.launch.cost import ProgramShape, long_tail_time, programs_per_sm, uniform_time
 from jax_decode.launch.problem import DecodeProblem, DeviceInfo, cdiv, itemsize, next_power_of_2, prev_power_of_2
 
 # Upper bound for automatically chosen splits: stage 2 reads every split, and more
@@ -18,17 +19,14 @@ MAX_AUTO_KV_SPLITS = 64
 MAX_KV_SPLITS = 256
 # Each automatically chosen split gets at least this many KV blocks of work.
 MIN_BLOCKS_PER_SPLIT = 4
-# Automatic splits aim at this many stage-1 programs per SM ...
-PROGRAMS_PER_SM = 4
-# ... and at no program walking more tokens than this.
-MAX_TOKENS_PER_SPLIT = 1024
-# Grouped programs over wide heads (d256, MLA) resident on one SM: registers and
-# shared memory allow two (H200; benchmarks/kernel_resources.py).
-WIDE_HEAD_PROGRAMS_PER_SM = 2
+# Balanced splits sum the batch's lengths in every program: up to this many rows.
+MAX_BALANCED_BATCH = 1024
 # Stage 1 puts the batch on grid axis 1, which CUDA limits to 65535.
 MAX_BATCH = 65535
 # tl.dot needs at least 16 along each dimension.
 MIN_DOT_DIM = 16
+# Rows of one warpgroup MMA (sm_90): the head block of the tensor-core path.
+WGMMA_ROWS = 64
 # Grouped programs over K heads at least this wide take 3 pipeline stages (and, from a
 # 16- or 32-bit cache, 8 warps).
 WIDE_HEAD_DIM = 256
@@ -51,55 +49,78 @@ def split_head_dim(head_dim: int) -> tuple[int, int]:
     return 2 * main, 0
 
 
-def choose_num_kv_splits(
-    problem: DecodeProblem,
-    device: DeviceInfo,
-    programs_per_split: int,
-    block_n: int,
-    heads_per_program: int,
-    wide_heads: bool,
-) -> int:
-    """Splits that keep every SM busy and no program's walk too long.
+def program_shape(p: DecodeProblem, device: DeviceInfo, block_h: int, block_n: int, num_warps: int, num_stages: int,
+                  block_dmodel: int, block_dpe: int, block_dv: int) -> ProgramShape:  # fmt: skip
+    """The cost model's view of one stage-1 program of this launch.
 
-    Bandwidth peaks near ``PROGRAMS_PER_SM`` programs per SM, and rows walked by one
-    program in long sequential loops lose to shorter splits even when the grid is
-    already full (the last wave runs with idle SMs).  The merge in stage 2 bounds the
-    useful count.
-
-    Wide heads (d256, MLA's 576) then take, of the counts up to that one, the one the
-    :func:`wide_split_cost` model finds cheapest: only two such programs fit an SM, so
-    a grid just past a whole wave runs a nearly idle extra wave, and every split's
-    partial result (float32 ``[heads, head_dim_v]``, 32 KB for MLA) is written and
-    read back once more.
+    Registers and shared memory are estimates of what Triton allocates (checked against
+    compiled kernels in tests/test_launch_config.py): the fp32 accumulator and scores,
+    and the K/V tile fragments the products hold, over the program's threads.
     """
-    p = problem
-    pps = max(programs_per_split, 1)
-    wanted = cdiv(PROGRAMS_PER_SM * device.num_sms, pps)
-    short_walks = cdiv(p.max_attended, MAX_TOKENS_PER_SPLIT)
-    most_useful = max(1, cdiv(p.max_attended, block_n * MIN_BLOCKS_PER_SPLIT))
-    splits = max(1, min(max(wanted, short_walks), most_useful, MAX_AUTO_KV_SPLITS))
-    if not wide_heads:
-        return splits
-    slots = device.num_sms * WIDE_HEAD_PROGRAMS_PER_SM
-    return min(range(1, splits + 1), key=lambda s: (wide_split_cost(p, pps, heads_per_program, slots, s), s))
+    threads = 32 * num_warps
+    cache_bytes = itemsize(p.cache_dtype)
+    k_width, v_width = block_dmodel + block_dpe, (0 if p.v_from_k else block_dv)
+    row_bytes = (k_width + v_width) * cache_bytes
+    tile_registers = block_n * (k_width + v_width) * max(cache_bytes, 2) // (4 * threads)
+    if block_h == 1:  # multiply-and-reduce: the tiles live in registers
+        registers, mma = 32 + tile_registers, "fma"
+        shared = 0
+    else:
+        registers = 28 + (block_h * block_dv + 2 * block_h * block_n) // threads + tile_registers
+        wgmma = block_h >= 64 and (device.compute_capability or 0) >= 90
+        mma = "wgmma" if wgmma else "mma"
+        shared = max(1, num_stages - 1) * block_n * row_bytes * 2 // 3 + (block_h * k_width * 2 if wgmma else 0)
+    heads = min(block_h, p.kv_group)
+    return ProgramShape(
+        threads=threads,
+        registers=registers,
+        shared_bytes=shared,
+        in_flight_bytes=num_stages * block_n * row_bytes,
+        token_bytes=(p.head_dim_qk + (0 if p.v_from_k else p.head_dim_v)) * cache_bytes,
+        flops_per_token=2 * heads * (p.head_dim_qk + p.head_dim_v),
+        mma=mma,
+        partial_bytes=heads * (p.head_dim_v + 1) * 4,
+    )
 
 
-def wide_split_cost(
-    problem: DecodeProblem, programs_per_split: int, heads_per_program: int, slots: int, splits: int
-) -> float:
-    """Relative time of stage 1 + 2 with ``splits`` splits, for programs of which ``slots``
-    run at once: whole waves of equal programs, each reading its share of a row's KV
-    bytes and writing its partial result, which stage 2 reads back over all slots.
+def choose_splits(p: DecodeProblem, device: DeviceInfo, program: ProgramShape, programs_per_row: int,
+                  block_n: int) -> tuple[int, int, bool]:  # fmt: skip
+    """``(grid splits, target splits per row, balanced)`` the cost model
+    (:mod:`jax_decode.launch.cost`) finds best for every plausible batch.
 
-    It overprices a partly filled last wave, whose programs share the bandwidth among
-    fewer (it puts 3 splits of MLA b64 ahead of 9).
+    The lengths are device values, so the launch must suit both a uniform batch (every
+    row at the page table's capacity) and a long-tailed one (log-normal lengths, the
+    longest at capacity): of the candidates, the one whose time is furthest from its
+    scenario's best in neither.  With balanced splits (batches of 2 to
+    ``MAX_BALANCED_BATCH`` rows) a candidate is a target count per row and a grid of
+    1, 2, 4 or 8 times that many splits, which the kernels share out by length.
     """
-    p = problem
-    token_bytes = (p.head_dim_qk + (0 if p.v_from_k else p.head_dim_v)) * itemsize(p.cache_dtype)
-    partial_bytes = heads_per_program * p.head_dim_v * 4
-    programs = programs_per_split * splits
-    per_program = p.max_attended * token_bytes / splits + partial_bytes
-    return cdiv(programs, slots) * per_program + programs * partial_bytes / slots
+    if p.batch == 0:  # nothing is launched
+        return 1, 1, False
+    per_sm = programs_per_sm(program, sm_shared_bytes(device))
+    tokens = max(p.max_attended, 1)
+    most_targets = max(1, min(MAX_AUTO_KV_SPLITS, cdiv(tokens, block_n * MIN_BLOCKS_PER_SPLIT)))
+    balanced = 2 <= p.batch <= MAX_BALANCED_BATCH
+    most_grid = max(1, min(MAX_AUTO_KV_SPLITS, cdiv(tokens, block_n))) if balanced else most_targets
+    candidates = [
+        (target, grid)
+        for target in range(1, most_targets + 1)
+        for grid in ((target, 2 * target, 4 * target, 8 * target) if balanced else (target,))
+        if grid <= max(most_grid, target)
+    ]
+    shape = (programs_per_row, p.batch, tokens)
+    machine = (device.num_sms, per_sm)
+    uniform = {c: uniform_time(program, *shape, *c, balanced, *machine) for c in candidates}
+    tail = {c: long_tail_time(program, *shape, *c, balanced, *machine) for c in candidates}
+    best_uniform, best_tail = min(uniform.values()), min(tail.values())
+    target, grid = min(candidates, key=lambda c: (max(uniform[c] / best_uniform, tail[c] / best_tail), c[1], c[0]))
+    return grid, target, balanced
+
+
+def sm_shared_bytes(device: DeviceInfo) -> int:
+    """Shared memory of one SM."""
+    cc = device.compute_capability or 0
+    return 232448 if cc >= 90 else 167936 if cc in (80, 87) else 101376
 
 
 def shared_memory_budget(device: DeviceInfo) -> int:
@@ -112,6 +133,16 @@ def shared_memory_budget(device: DeviceInfo) -> int:
     if cc in (80, 87):  # 163 KB on A100 / Orin
         return 144 * 1024
     return 88 * 1024  # 99 KB on sm_86 / sm_89; 96+ KB on older parts
+
+
+def _tensor_core_blocks(p: DecodeProblem, device: DeviceInfo) -> bool:
+    """64-head blocks on warpgroup MMA: sm_90, a group of 64 heads or more, 16-bit q."""
+    return (
+        device.vendor == "nvidia"
+        and (device.compute_capability or 0) >= 90
+        and p.kv_group >= WGMMA_ROWS
+        and p.dtype in ("float16", "bfloat16")
+    )
 
 
 def _wide_heads(block_dmodel: int, block_dpe: int) -> bool:
@@ -173,8 +204,14 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         # while D <= 128, fewer (a power of two, as tl.arange needs) for wider heads.
         block_n = max(16, min(128, prev_power_of_2(16384 // max(block_dmodel + block_dpe, block_dv))))
         num_warps, num_stages = 4, 2
-        programs_per_split = p.batch * p.num_heads
-        wide = False  # the split rule's wide-head model is the grouped kernel's
+    elif _tensor_core_blocks(p, device):
+        # Many heads per KV head (MLA's 128): the dots are the cost.  64-head blocks make
+        # them Hopper's warpgroup MMA (64 rows), the latent is read by two programs, not
+        # eight, and 8 warps (two warpgroups) hold the 64 x head_dim_v accumulator.
+        variant = "grouped"
+        block_h, num_warps = WGMMA_ROWS, 8
+        head_blocks = cdiv(p.kv_group, block_h)
+        block_n, num_stages = 32, (3 if itemsize(p.cache_dtype) == 1 else 2)
     else:
         variant = "grouped"
         # Fit the head block to the group (one KV read serves every head of it), but
@@ -189,11 +226,12 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         # dot-bound.
         wide = _wide_heads(block_dmodel, block_dpe)
         num_warps = 8 if wide and not p.v_from_k and itemsize(p.cache_dtype) >= 2 else 4
-        programs_per_split = p.batch * p.num_kv_heads * head_blocks
 
+    balanced, target_splits = False, 0
     if num_kv_splits is None:
-        heads_per_program = min(block_h, p.kv_group)  # heads whose partials a program writes
-        num_kv_splits = choose_num_kv_splits(p, device, programs_per_split, block_n, heads_per_program, wide)
+        program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
+        programs_per_row = p.num_kv_heads * head_blocks
+        num_kv_splits, target_splits, balanced = choose_splits(p, device, program, programs_per_row, block_n)
 
     return LaunchConfig(
         problem=p,
@@ -209,6 +247,8 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         num_stages=num_stages,
         num_kv_splits=num_kv_splits,
         stage2_num_warps=4 if block_dv >= 256 else 2,
+        balanced=balanced,
+        target_splits=target_splits,
     )
 
 

@@ -1,0 +1,241 @@
+"""decode_attention and write_kv partition themselves under jax.sharding (host devices).
+
+Each mode (heads, heads with replicated KV heads, batch, pages; write_kv on KV heads
+and on pages) on 2, 4 and 8 devices: results against the float64 oracle (LSE, windows
+and sinks included on the pages path), the output sharding, and a compiled program
+that moves no cache (no all-gather or all-to-all at all).  The kernels themselves run
+on each device's shard in the interpreter through jax.shard_map (JAX cannot place the
+interpreter's host callback in a partitioned custom call), and the triton backend
+lowers for CUDA with sharded inputs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from support import LSE_TOL, OUT_TOL
+
+import jax_decode
+from jax_decode.reference import decode_attention_reference
+from jax_decode.sharding import merge_over
+from jax_decode.synthetic import make_paged_problem
+
+pytestmark = pytest.mark.skipif(
+    len(jax.devices("cpu")) < 8, reason="needs 8 host devices (tests/conftest.py sets them)"
+)
+
+NAMES = ("q", "k_cache", "v_cache", "page_table", "seq_lens")
+
+
+def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    return Mesh(np.array(jax.devices("cpu")[: int(np.prod(shape))]).reshape(shape), names)
+
+
+def _problem(num_heads=16, num_kv_heads=8, pages_multiple=8, mla=False, sinks=True):
+    # Lengths 0, 1, across pages and full; num_pages divisible by every mesh size.
+    lengths = [0, 1, 13, 29, 32, 7, 20, 3]
+    problem = make_paged_problem(
+        batch=8, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim_qk=16, page_size=4, seq_lens=lengths,
+        max_pages=8, spare_pages=pages_multiple, mla=mla, sinks=sinks, seed=5,
+    )  # fmt: skip
+    assert problem.k_cache.shape[0] % 8 == 0
+    return problem
+
+
+def _moved(compiled: str) -> list[str]:
+    """The compiled program's all-gathers and all-to-alls (each line)."""
+    return [line for line in compiled.splitlines() if " all-gather(" in line or " all-to-all(" in line]
+
+
+def _run(mesh, specs: dict, problem, backend="xla", *, may_gather=(), **options):
+    arrays = {n: a for n, a in zip(NAMES, problem.arrays, strict=True) if a is not None}
+    placed = {n: jax.device_put(jnp.asarray(a), NamedSharding(mesh, specs.get(n, P()))) for n, a in arrays.items()}
+    extras = {n: jax.device_put(jnp.asarray(a), NamedSharding(mesh, specs.get(n, P())))
+              for n, a in problem.extras.items()}  # fmt: skip
+    head_dim_v = problem.head_dim_v if problem.v_cache is None else None
+
+    def call(placed, extras):
+        return jax_decode.decode_attention(
+            placed["q"], placed["k_cache"], placed.get("v_cache"), placed["page_table"], placed["seq_lens"],
+            head_dim_v=head_dim_v, return_lse=True, backend=backend, **extras, **options,
+        )  # fmt: skip
+
+    step = jax.jit(call)
+    out, lse = step(placed, extras)
+    compiled = step.lower(placed, extras).compile().as_text()
+    expected_out, expected_lse = decode_attention_reference(*problem.arrays, head_dim_v=head_dim_v, **problem.extras,
+                                                            **options)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected_out, **OUT_TOL["float32"])
+    np.testing.assert_allclose(np.asarray(lse, np.float64), expected_lse, **LSE_TOL)
+    moved = [line for line in _moved(compiled) if not any(shape in line for shape in may_gather)]
+    assert not moved, f"an operand moved between devices: {moved}"
+    return out, lse, compiled
+
+
+SIZES = [2, 4, 8]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_heads(n):
+    mesh = _mesh((n,), ("tp",))
+    heads = dict(q=P(None, "tp"), k_cache=P(None, None, "tp"), v_cache=P(None, None, "tp"), sinks=P("tp"))
+    out, lse, compiled = _run(mesh, heads, _problem())
+    assert out.sharding.spec == P(None, "tp") and lse.sharding.spec == P(None, "tp")
+    assert "all-reduce" not in compiled
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_heads_beyond_the_kv_heads(n):
+    """More devices than KV heads: each KV head on n/2 devices, its query heads split among them."""
+    mesh = _mesh((2, n // 2), ("kv", "rep"))
+    specs = dict(q=P(None, ("kv", "rep")), k_cache=P(None, None, "kv"), v_cache=P(None, None, "kv"),
+                 sinks=P(("kv", "rep")))  # fmt: skip
+    out, _, _ = _run(mesh, specs, _problem(num_heads=16, num_kv_heads=2))
+    assert out.sharding.spec == P(None, ("kv", "rep"))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_mqa_and_mla_heads_over_a_replicated_cache(n):
+    mesh = _mesh((n,), ("tp",))
+    for problem in (_problem(num_heads=16, num_kv_heads=1), _problem(num_heads=16, num_kv_heads=1, mla=True)):
+        out, _, _ = _run(mesh, dict(q=P(None, "tp"), sinks=P("tp")), problem)
+        assert out.sharding.spec == P(None, "tp")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_batch(n):
+    mesh = _mesh((n,), ("dp",))
+    rows = dict(q=P("dp"), page_table=P("dp"), seq_lens=P("dp"))
+    out, lse, compiled = _run(mesh, rows, _problem())
+    assert out.sharding.spec == P("dp") and lse.sharding.spec == P("dp")
+    assert "all-reduce" not in compiled
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("window_left", [None, 9])
+def test_pages(n, window_left):
+    """Sequence parallel: each device holds a block of pages; partial results merge by LSE."""
+    mesh = _mesh((n,), ("sp",))
+    caches = dict(k_cache=P("sp"), v_cache=P("sp"))
+    out, lse, compiled = _run(mesh, caches, _problem(), window_left=window_left)
+    assert "all-reduce" in compiled  # out and lse, merged
+    assert out.sharding.is_fully_replicated
+
+
+def test_pages_and_heads_and_batch_together():
+    mesh = _mesh((2, 2, 2), ("dp", "tp", "sp"))
+    specs = dict(q=P("dp", "tp"), k_cache=P("sp", None, "tp"), v_cache=P("sp", None, "tp"), page_table=P("dp"),
+                 seq_lens=P("dp"), sinks=P("tp"))  # fmt: skip
+    out, _, _ = _run(mesh, specs, _problem(), window_left=20)
+    assert out.sharding.spec == P("dp", "tp")
+
+
+def test_a_cache_split_the_kernels_cannot_use_is_refused():
+    mesh = _mesh((2,), ("x",))
+    with pytest.raises(Exception, match="k_cache is sharded on its head_dim dimension .* would move the cache"):
+        _run(mesh, dict(k_cache=P(None, None, None, "x"), v_cache=P(None, None, None, "x")), _problem())
+
+
+def test_a_small_operand_split_the_kernels_cannot_use_is_resharded_with_a_warning():
+    mesh = _mesh((2,), ("x",))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, _, compiled = _run(
+            mesh, dict(q=P(None, None, "x")), _problem(), may_gather=("f32[8,16,16]",)
+        )  # q's head dim
+    assert any("q's 'd' dimension is sharded over ('x',)" in str(w.message) for w in caught)
+    assert _moved(compiled), "q was gathered, and only q"
+
+
+def test_the_interpreter_under_partitioning_says_what_to_do():
+    mesh = _mesh((2,), ("tp",))
+    heads = dict(q=P(None, "tp"), k_cache=P(None, None, "tp"), v_cache=P(None, None, "tp"))
+    with pytest.raises(Exception, match="backend='interpret' runs the kernels in a host callback"):
+        _run(mesh, heads, _problem(), backend="interpret")
+
+
+def _shard_map_decode(mesh, in_specs, problem, page_axes=()):
+    """The kernels (interpreter) on each device's shard through jax.shard_map."""
+
+    def on_shard(q, k, v, pt, sl, sinks):
+        if page_axes:  # global page ids -> this shard's, then an LSE merge across devices
+            pt = pt - jax.lax.axis_index(page_axes) * k.shape[0]
+            out, lse = jax_decode.decode_attention(q, k, v, pt, sl, return_lse=True, backend="interpret")
+            return merge_over(page_axes, out, lse, sinks)
+        return jax_decode.decode_attention(q, k, v, pt, sl, sinks=sinks, return_lse=True, backend="interpret")
+
+    out_spec = P(in_specs[0][0] if len(in_specs[0]) else None, in_specs[0][1] if len(in_specs[0]) > 1 else None)
+    mapped = jax.shard_map(on_shard, mesh=mesh, in_specs=in_specs, out_specs=(out_spec, out_spec), check_vma=False)
+    arrays = [jnp.asarray(a) for a in (*problem.arrays, problem.sinks)]
+    return jax.jit(mapped)(*arrays)
+
+
+@pytest.mark.parametrize("mode", ["heads", "batch", "pages"], ids=["heads", "batch", "pages"])
+def test_the_kernels_on_each_shard_through_shard_map(mode):
+    """Inside shard_map the calls see local shapes and run the kernels directly."""
+    problem = _problem()
+    mesh = _mesh((2,), ("x",))
+    specs = {
+        "heads": (P(None, "x"), P(None, None, "x"), P(None, None, "x"), P(), P(), P("x")),
+        "batch": (P("x"), P(), P(), P("x"), P("x"), P()),
+        "pages": (P(), P("x"), P("x"), P(), P(), P()),
+    }[mode]
+    out, lse = _shard_map_decode(mesh, specs, problem, page_axes=("x",) if mode == "pages" else ())
+    expected_out, expected_lse = decode_attention_reference(*problem.arrays, sinks=problem.sinks)
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected_out, **OUT_TOL["float32"])
+    np.testing.assert_allclose(np.asarray(lse, np.float64), expected_lse, **LSE_TOL)
+
+
+def test_the_triton_backend_lowers_for_cuda_with_sharded_inputs():
+    pytest.importorskip("jax_triton")
+    mesh = _mesh((4,), ("tp",))
+    problem = _problem()
+    shard = {"q": P(None, "tp"), "k_cache": P(None, None, "tp"), "v_cache": P(None, None, "tp")}
+    arrays = [jax.ShapeDtypeStruct(a.shape, jnp.dtype(a.dtype), sharding=NamedSharding(mesh, shard.get(n, P())))
+              for n, a in zip(NAMES, problem.arrays, strict=True)]  # fmt: skip
+    with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
+        lowered = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="triton")).trace(*arrays)
+        text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    assert "CustomSPMDPartitioning" in text  # partitioned by its rule when compiled
+
+
+# --------------------------------------------------------------------------- write_kv
+
+
+def _write_problem(mla=False):
+    rng = np.random.default_rng(2)
+    cache = rng.standard_normal((16, 4, 4, 8)).astype(np.float32)
+    new = rng.standard_normal((5, 4, 8)).astype(np.float32)
+    slots = np.array([3, 40, -1, 63, 17], np.int32)
+    return cache, new, slots
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("split", ["kv_heads", "pages"])
+def test_write_kv_writes_each_shard_in_place(n, split):
+    if split == "kv_heads" and n > 4:
+        n = 4  # 4 KV heads
+    mesh = _mesh((n,), ("x",))
+    cache, new, slots = _write_problem()
+    cache_spec = P(None, None, "x") if split == "kv_heads" else P("x")
+    new_spec = P(None, "x") if split == "kv_heads" else P()
+    layout = ((cache, cache_spec), (cache, cache_spec), (new, new_spec), (new, new_spec), (slots, P()))
+    placed = [jax.device_put(jnp.asarray(a), NamedSharding(mesh, s)) for a, s in layout]
+    step = jax.jit(lambda *a: jax_decode.write_kv(*a, backend="xla"), donate_argnums=(0, 1))
+    compiled = step.lower(*placed).compile().as_text()
+    assert "input_output_alias={ {0}: (0, {}, may-alias), {1}: (1, {}, may-alias) }" in compiled  # in place
+    assert not _moved(compiled)
+    k_out, v_out = step(*placed)
+    assert k_out.sharding.spec == cache_spec
+    expected = cache.reshape(64, 4, 8).copy()
+    for token, slot in enumerate(slots):
+        if 0 <= slot < 64:
+            expected[slot] = new[token]
+    np.testing.assert_array_equal(np.asarray(k_out), expected.reshape(cache.shape))
+    np.testing.assert_array_equal(np.asarray(v_out), expected.reshape(cache.shape))
