@@ -80,15 +80,21 @@ def _stage1_source(config):
 
 
 def _main_loop(sass: str) -> list[str]:
-    """Instructions of the longest backward branch (the loop over the KV blocks)."""
+    """Instructions of the loop over the KV blocks: of the backward branches, the one
+    whose body holds the most matrix-multiply and global-load instructions (then the
+    longest; Triton's pipeliner also emits short loops, e.g. around the prologue)."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*\.(L_x_\d+):", line))}
-    longest = (0, -1)
+    best, best_key = (0, -1), (-1, -1)
     for i, line in enumerate(lines):
         m = re.search(r"BRA\s+(?:`\()?\.?(L_x_\d+)", line)
-        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > longest[1] - longest[0]:
-            longest = (labels[m.group(1)], i)
-    return [line for line in lines[longest[0] : longest[1] + 1] if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+        if not m or labels.get(m.group(1), i) >= i:
+            continue
+        body = lines[labels[m.group(1)] : i + 1]
+        work = sum(bool(re.search(r"\b(H|Q)?G?MMA|\bLDG|\bLDGSTS|\bUTMALDG", b)) for b in body)
+        if (work, i - labels[m.group(1)]) > best_key:
+            best, best_key = (labels[m.group(1)], i), (work, i - labels[m.group(1)])
+    return [line for line in lines[best[0] : best[1] + 1] if re.search(r"/\*[0-9a-f]{4}\*/", line)]
 
 
 def kernel_resources(problem: DecodeProblem, compute_capability: int = 90, num_sms: int = 132) -> dict:
@@ -136,6 +142,7 @@ def config_resources(config: LaunchConfig) -> dict:
         loop_tokens=config.block_n,
         warpgroup_mma="HGMMA" in opcodes or "QGMMA" in opcodes,
         top_opcodes=opcodes.most_common(8),
+        opcodes=dict(opcodes),
     )
 
 

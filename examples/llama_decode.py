@@ -214,10 +214,13 @@ def main() -> None:
     if devices > 1:
         from jax.sharding import Mesh
 
-        if jax.devices()[0].platform == "cpu" and len(jax.devices()) < devices:
+        pool = jax.devices()
+        if len(pool) < devices:  # host devices stand in
+            pool = jax.devices("cpu")
+        if len(pool) < devices:
             raise SystemExit(f"run with XLA_FLAGS=--xla_force_host_platform_device_count={devices} for {devices} "
                              "host devices")  # fmt: skip
-        grid = np.array(jax.devices()[:devices]).reshape(args.sequence_parallel, args.tensor_parallel)
+        grid = np.array(pool[:devices]).reshape(args.sequence_parallel, args.tensor_parallel)
         mesh = Mesh(grid, ("sp", "tp"))
     page_size = Config.page_size
     cfg = Config(max_len=page_size * -(-(args.steps + 1) // page_size))  # a cache that holds every step

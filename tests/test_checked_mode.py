@@ -73,7 +73,8 @@ def test_jax_checked_mode_failure_is_not_raised_again_at_exit():
         q = jnp.ones((2, 4, 16)); k = jnp.ones((3, 4, 2, 16))
         page_table, seq_lens = jnp.array([[0, -1], [1, 2]], jnp.int32), jnp.array([6, 5], jnp.int32)
         try:
-            jax.jit(lambda *a: jax_decode.decode_attention(*a, check_inputs=True))(q, k, k, page_table, seq_lens)
+            out = jax.jit(lambda *a: jax_decode.decode_attention(*a, check_inputs=True))(q, k, k, page_table, seq_lens)
+            jax.block_until_ready(out)
         except jax.errors.JaxRuntimeError as error:
             print("refused:", str(error).splitlines()[-1])
         """

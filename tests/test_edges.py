@@ -120,7 +120,7 @@ def test_the_largest_window_and_scale_in_range_work():
 
 @pytest.mark.parametrize("name", ["num_kv_splits", "window_left"])
 def test_bool_options_are_refused_whatever_came_before(name):
-    tensors = [to_tensor(a) for a in GQA4.problem().arrays]
+    tensors = [to_tensor(a, DEVICE) for a in GQA4.problem().arrays]
     torch_bridge.decode_attention(*tensors, **{name: 1})  # cached as 1 ...
     with pytest.raises(TypeError, match=rf"{name} must be an int or None, got bool"):
         torch_bridge.decode_attention(*tensors, **{name: True})  # ... but True is not 1 here

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import needs_interpreter
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from support import LSE_TOL, OUT_TOL
@@ -176,7 +177,8 @@ def _shard_map_decode(mesh, in_specs, problem, page_axes=()):
     return jax.jit(mapped)(*arrays)
 
 
-@pytest.mark.parametrize("mode", ["heads", "batch", "pages"], ids=["heads", "batch", "pages"])
+@needs_interpreter
+@pytest.mark.parametrize("mode", ["heads", "batch", "pages"])
 def test_the_kernels_on_each_shard_through_shard_map(mode):
     """Inside shard_map the calls see local shapes and run the kernels directly."""
     problem = _problem()
