@@ -460,18 +460,24 @@ def main(argv: list[str] | None = None) -> int:
             result = done[key] = bench_row(row, wanted, ceilings, not args.per_call, sweep)
         results.append(result)
         print(format_row(result, wanted), flush=True)
-    summary = summarize(results)
+        _write_json(args.out, env, ceilings, results)  # after every row: a run cut short keeps what it measured
+    summary = _write_json(args.out, env, ceilings, results)
     print("\nsummary (geometric mean of % of roofline; chosen launch vs best split; torch_bridge vs vLLM best):")
     print(json.dumps(summary, indent=1))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump(dict(environment=env, ceilings=ceilings, results=results, summary=summary), f, indent=1)
     try:
         plot(results, wanted, os.path.join(args.out, "bench.png"))
     except ImportError:
         print("matplotlib is not installed: no bench.png", file=sys.stderr)
     print(f"\nwrote {args.out}/bench.json and bench.png")
     return 0
+
+
+def _write_json(folder: str, env: dict, ceilings: dict, results: list) -> dict:
+    summary = summarize(results)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "bench.json"), "w") as f:
+        json.dump(dict(environment=env, ceilings=ceilings, results=results, summary=summary), f, indent=1)
+    return summary
 
 
 if __name__ == "__main__":

@@ -289,15 +289,16 @@ def _decode_stage2(
     if HAS_SINKS:
         denom += tl.exp(sink - m_safe)
 
+    # A row's splits with keys come first (common.split_bounds); the rest are empty
+    # (LSE -inf) and their partial outputs were never written.  The loop stops after the
+    # last split with keys, so its loads do not wait on the LSE they are weighed by and
+    # a balanced grid's empty splits cost stage 2 nothing.
+    used_splits = tl.max(tl.where(split_lse != float("-inf"), offs_s + 1, 0), 0)
     o_row = mid_o_ptr + batch_idx * STRIDE_MOB + head * STRIDE_MOH
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    for split_idx in range(NUM_KV_SPLITS):
-        split_lse_i = tl.load(lse_row + split_idx * STRIDE_MLS)
-        weight = tl.exp(split_lse_i - m_safe)
-        # An empty split (LSE -inf) weighs 0: its partial output is not read.  (The
-        # comparison is made per lane: the interpreter cannot mask with a scalar.)
-        has_keys = (tl.zeros([BLOCK_DV], tl.float32) + split_lse_i) > float("-inf")
-        acc += weight * tl.load(o_row + split_idx * STRIDE_MOS + offs_dv, mask=mask_dv & has_keys, other=0.0)
+    for split_idx in range(0, used_splits):
+        weight = tl.exp(tl.load(lse_row + split_idx * STRIDE_MLS) - m_safe)
+        acc += weight * tl.load(o_row + split_idx * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
 
     has_tokens = denom > 0
     out = acc / tl.where(has_tokens, denom, 1.0)
