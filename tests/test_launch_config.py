@@ -10,6 +10,7 @@ import pytest
 
 from jax_decode.launch import (
     MAX_AUTO_KV_SPLITS,
+    SPLIT_CHOICES,
     DecodeProblem,
     DeviceInfo,
     KernelStrides,
@@ -101,25 +102,20 @@ def test_mla_reads_the_latent_once():
 
 def test_auto_splits_fill_the_device_within_bounds():
     small_batch = make_launch_config(problem(batch=1, max_pages=2048), H200)
-    assert small_batch.num_kv_splits == 64 and not small_batch.balanced  # 8 programs per split; one row
+    assert small_batch.num_kv_splits == 64  # 8 programs per split; one row
     big_batch = make_launch_config(problem(batch=256), H200)
-    assert big_batch.target_splits <= 8  # 2048 programs per split already fill the GPU four times
+    assert big_batch.num_kv_splits <= 8  # 2048 programs per split already fill the GPU four times
     short = make_launch_config(problem(batch=1, max_pages=2), H200)
     assert short.num_kv_splits == 1  # 32 tokens are not worth splitting
     for cfg in (small_batch, big_batch, short):
         assert 1 <= cfg.num_kv_splits <= MAX_AUTO_KV_SPLITS
-        assert cfg.target_splits <= cfg.num_kv_splits
 
 
-def test_balanced_splits_for_batches_and_fixed_splits_when_asked():
-    auto = make_launch_config(problem(batch=16), H200)
-    assert auto.balanced and 1 <= auto.target_splits <= auto.num_kv_splits
-    meta = auto.stage1(auto.contiguous_strides()).meta()
-    assert meta["BALANCED"] is True and meta["TARGET_SPLITS"] == auto.target_splits and meta["BATCH_BLOCK"] == 16
-    fixed = make_launch_config(problem(batch=16), H200, num_kv_splits=5)
-    assert not fixed.balanced and fixed.num_kv_splits == 5
-    assert fixed.stage1(fixed.contiguous_strides()).meta()["BALANCED"] is False
-    assert not make_launch_config(problem(batch=2048), H200).balanced  # every program would sum 2048 lengths
+def test_auto_splits_come_from_the_split_choices():
+    """A decode loop whose lengths (page-table width) grow compiles few kernels."""
+    seen = {make_launch_config(problem(batch=b, max_pages=m), H200).num_kv_splits
+            for b in (1, 3, 8, 16, 48, 64, 128) for m in (1, 7, 64, 256, 1000, 2048)}  # fmt: skip
+    assert seen <= set(SPLIT_CHOICES) and len(seen) > 3
 
 
 def _mla(batch, pages, page_size=1, heads=16):
@@ -135,8 +131,9 @@ def test_mla_with_many_heads_takes_warpgroup_mma_blocks_on_sm90():
     assert make_launch_config(_mla(64, 64, page_size=64, heads=16), H200).block_h == 16  # 16 heads: memory-bound
 
 
-# H200 device times (us) of split counts, per shape: from the model-suite sweep
-# (tests/data/h200_split_times.json) and, for MLA with 16 heads, earlier sweeps.
+# H200 device times (us) of split counts, per shape: the 'best split' sweeps of the core
+# and model suites (tests/data/h200_split_times.json) and, for MLA with 16 heads,
+# earlier sweeps.
 MEASURED = json.loads((pathlib.Path(__file__).parent / "data" / "h200_split_times.json").read_text())
 MLA_SPLIT_TIMES = {
     (64, 4096, 1): {4: 101.1, 8: 106.6, 9: 108.7, 3: 120.9, 5: 137.6},
@@ -150,27 +147,55 @@ def _nearest(times: dict, splits: int) -> float:
     return times[min(times, key=lambda s: (abs(int(s) - splits), int(s)))]
 
 
-@pytest.mark.parametrize("label", [k for k, v in MEASURED["curves"].items() if v["row"]["lengths"] == "uniform"])
-def test_the_cost_model_picks_near_the_measured_best_split(label):
-    """For a uniform batch the model's split count per row runs within 10% of the best
-    measured count (the benchmark holds the chosen launch to 5% on the GPU itself);
-    none of these shapes was used to set the model's constants but Qwen2.5-7B b16."""
+def _scenario_times(config, scenario):
+    """The cost model's stage-1 + stage-2 time of every split choice, for a uniform batch
+    at capacity or for a long-tailed one."""
+    from jax_decode.launch import cost, planner
+
+    p, device = config.problem, config.device
+    blocks = (config.block_h, config.block_n, config.num_warps, config.num_stages)
+    program = planner.program_shape(p, device, *blocks, config.block_dmodel, config.block_dpe, config.block_dv)
+    per_sm = cost.programs_per_sm(program, planner.sm_shared_bytes(device))
+    time = cost.uniform_time if scenario == "uniform" else cost.long_tail_time
+    shape = (p.num_kv_heads * config.head_blocks, p.batch, max(p.max_attended, 1))
+    return {s: time(program, *shape, s, device.num_sms, per_sm) for s in planner.SPLIT_CHOICES}
+
+
+def _curve(label):
     from benchmarks.kernel_resources import row_problem
     from benchmarks.suites import Row
 
     curve = MEASURED["curves"][label]
-    times = {int(k): v for k, v in curve["us_by_splits"].items()}
-    config = make_launch_config(row_problem(Row(**curve["row"])), H200)
-    per_row = config.target_splits if config.balanced else config.num_kv_splits
-    assert _nearest(times, per_row) <= 1.10 * min(times.values()), (per_row, times)
+    row = Row(**curve["row"])
+    return row, make_launch_config(row_problem(row), H200), {int(k): v for k, v in curve["us_by_splits"].items()}
+
+
+@pytest.mark.parametrize("label", list(MEASURED["curves"]))
+def test_the_cost_model_finds_the_measured_best_split_of_its_scenario(label):
+    """The model's best split count for the batch a row is (every row at capacity, or
+    long-tailed lengths) runs within 6% (uniform) or 12% (long-tailed) of the best
+    measured count.  Of these shapes only Qwen2.5-7B b16 set the model's constants."""
+    row, config, times = _curve(label)
+    modelled = _scenario_times(config, row.lengths)
+    pick = min(modelled, key=modelled.get)
+    limit = 1.06 if row.lengths == "uniform" else 1.12
+    assert _nearest(times, pick) <= limit * min(times.values()), (pick, times)
+
+
+@pytest.mark.parametrize("label", list(MEASURED["curves"]))
+def test_the_chosen_split_hedges_between_uniform_and_long_tailed_batches(label):
+    """The planner cannot see the lengths, so it picks the count whose modelled time is
+    furthest from neither scenario's best; measured, that costs up to 19% on a uniform
+    batch (and avoids up to 2.7x on a long-tailed one)."""
+    _, config, times = _curve(label)
+    assert _nearest(times, config.num_kv_splits) <= 1.20 * min(times.values()), (config.num_kv_splits, times)
 
 
 @pytest.mark.parametrize("batch, pages, page_size", list(MLA_SPLIT_TIMES))
 def test_the_cost_model_on_mla_with_16_heads(batch, pages, page_size):
     times = MLA_SPLIT_TIMES[batch, pages, page_size]
     config = make_launch_config(_mla(batch, pages, page_size), H200)
-    per_row = config.target_splits if config.balanced else config.num_kv_splits
-    assert _nearest(times, per_row) <= 1.10 * min(times.values()), (per_row, times)
+    assert _nearest(times, config.num_kv_splits) <= 1.20 * min(times.values()), (config.num_kv_splits, times)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

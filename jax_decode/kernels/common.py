@@ -63,18 +63,6 @@ def kv_scale(scale_ptr, kv_head, MODE: tl.constexpr):
 
 
 @triton.jit
-def _attended(seq_len, CAPACITY: tl.constexpr, WINDOW_LEFT: tl.constexpr):
-    """(first token, length) of what a row attends to: its length clamped to
-    ``[0, CAPACITY]`` (no row reads past its page-table row), and with a sliding window
-    (WINDOW_LEFT >= 0) only the last WINDOW_LEFT + 1 tokens."""
-    seq_len = tl.minimum(tl.maximum(seq_len, 0), CAPACITY)
-    first = seq_len * 0
-    if WINDOW_LEFT >= 0:
-        first = tl.maximum(seq_len - 1 - WINDOW_LEFT, 0)
-    return first, seq_len
-
-
-@triton.jit
 def split_bounds(
     seq_lens_ptr,
     batch_idx,
@@ -83,32 +71,19 @@ def split_bounds(
     BLOCK_N: tl.constexpr,
     CAPACITY: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
-    BALANCED: tl.constexpr,
-    TARGET_SPLITS: tl.constexpr,
-    BATCH_BLOCK: tl.constexpr,
 ):
-    """Token range [start, end) of one KV split; splits are whole BLOCK_N blocks, and
-    tokens (and pages) before a sliding window are never read.
+    """Token range [start, end) of one KV split; splits are whole BLOCK_N blocks.
 
-    Unbalanced, every row is cut into NUM_KV_SPLITS equal splits.  BALANCED, every
-    split of the batch gets about the same number of tokens -- the batch's attended
-    tokens over ``rows * TARGET_SPLITS`` -- so a long row is cut into more splits than
-    a short one and no program walks much longer than the others (each program sums
-    the batch's lengths, at most BATCH_BLOCK of them); a row uses its first splits,
-    the rest are empty.  A split is never shorter than ``max attended / NUM_KV_SPLITS``,
-    so every row fits the grid's NUM_KV_SPLITS.
+    ``seq_len`` is clamped to ``[0, CAPACITY]`` (no row reads past its page-table
+    row).  With a sliding window (WINDOW_LEFT >= 0) the splits share only the last
+    WINDOW_LEFT + 1 tokens: tokens (and pages) before the window are never read.
     """
-    first, seq_len = _attended(tl.load(seq_lens_ptr + batch_idx), CAPACITY, WINDOW_LEFT)
-    if BALANCED:
-        rows = tl.num_programs(1)
-        offs = tl.arange(0, BATCH_BLOCK)
-        all_first, all_lens = _attended(tl.load(seq_lens_ptr + offs, mask=offs < rows, other=0), CAPACITY, WINDOW_LEFT)
-        total = tl.sum((all_lens - all_first).to(tl.int64), 0)
-        MOST: tl.constexpr = CAPACITY if WINDOW_LEFT < 0 or WINDOW_LEFT + 1 > CAPACITY else WINDOW_LEFT + 1
-        per_split = tl.maximum(tl.cdiv(total, rows * TARGET_SPLITS), tl.cdiv(MOST, NUM_KV_SPLITS)).to(tl.int32)
-    else:
-        per_split = tl.cdiv(seq_len - first, NUM_KV_SPLITS)
-    per_split = tl.cdiv(per_split, BLOCK_N) * BLOCK_N
+    seq_len = tl.load(seq_lens_ptr + batch_idx)
+    seq_len = tl.minimum(tl.maximum(seq_len, 0), CAPACITY)
+    first = seq_len * 0
+    if WINDOW_LEFT >= 0:
+        first = tl.maximum(seq_len - 1 - WINDOW_LEFT, 0)
+    per_split = tl.cdiv(tl.cdiv(seq_len - first, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
     start = first + split_idx * per_split
     end = tl.minimum(start + per_split, seq_len)
     return start, end

@@ -105,9 +105,6 @@ def _decode_stage1(
     PAGE_SIZE: tl.constexpr,
     CAPACITY: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr,
-    BALANCED: tl.constexpr,  # splits of equal work across the batch (see common.split_bounds)
-    TARGET_SPLITS: tl.constexpr,  # ... about this many per row on average
-    BATCH_BLOCK: tl.constexpr,  # ... a power of two >= batch
 ):
     """Attention of one query token over one KV split, for one head or a block of heads.
 
@@ -140,29 +137,17 @@ def _decode_stage1(
     mask_d = offs_d < HEAD_DIM_QK
     mask_dv = offs_dv < HEAD_DIM_V
 
-    start, end = split_bounds(
-        seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY, WINDOW_LEFT, BALANCED, TARGET_SPLITS,
-        BATCH_BLOCK,
-    )  # fmt: skip
-    # A split with no tokens (a short row in a balanced grid) loads nothing and stores
-    # only its LSE, -inf, for stage 2 to skip it.  (Per lane: the interpreter cannot
-    # mask with a scalar.)
-    if BLOCK_H == 1:
-        has_work = (offs_dv * 0 + start) < end
-    else:
-        has_work = (tl.zeros([BLOCK_H], tl.int32) + start) < end
-
     # The query rows: fp32 vectors for one head, a [BLOCK_H, D] tile for tl.dot.
     if BLOCK_H == 1:
         q_row = q_ptr + batch_idx * STRIDE_QB + heads * STRIDE_QH
-        q = tl.load(q_row + offs_d, mask=mask_d & ((offs_d * 0 + start) < end), other=0.0).to(tl.float32)
+        q = tl.load(q_row + offs_d, mask=mask_d, other=0.0).to(tl.float32)
         if BLOCK_DPE > 0:
             offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
             mask_dpe = offs_dpe < HEAD_DIM_QK
-            q_pe = tl.load(q_row + offs_dpe, mask=mask_dpe & ((offs_dpe * 0 + start) < end), other=0.0).to(tl.float32)
+            q_pe = tl.load(q_row + offs_dpe, mask=mask_dpe, other=0.0).to(tl.float32)
     else:
         q_rows = q_ptr + batch_idx * STRIDE_QB + heads * STRIDE_QH
-        q = load_rows(q_rows, offs_d, mask_h & has_work, mask_d)
+        q = load_rows(q_rows, offs_d, mask_h, mask_d)
         if FP8_DOT_F16:
             # fp8 widens to float16 in one instruction per pair, to bfloat16 in several:
             # with an fp8 cache the dots run in float16 (q saturated to its range, p in [0, 1]).
@@ -170,10 +155,11 @@ def _decode_stage1(
         if BLOCK_DPE > 0:
             offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
             mask_dpe = offs_dpe < HEAD_DIM_QK
-            q_pe = load_rows(q_rows, offs_dpe, mask_h & has_work, mask_dpe)
+            q_pe = load_rows(q_rows, offs_dpe, mask_h, mask_dpe)
             if FP8_DOT_F16:
                 q_pe = to_f16_clamped(q_pe)
 
+    start, end = split_bounds(seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY, WINDOW_LEFT)
     page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
     k_head_ptr = k_ptr + kv_head * STRIDE_KH
     v_head_ptr = v_ptr + kv_head * STRIDE_VH
@@ -232,11 +218,9 @@ def _decode_stage1(
         o = o * kv_scale(v_scale_ptr, kv_head, V_SCALE)  # one multiply per output, not per token
     mid_rows = batch_idx * STRIDE_MOB + heads * STRIDE_MOH + split_idx * STRIDE_MOS
     if BLOCK_H == 1:
-        tl.store(mid_o_ptr + mid_rows + offs_dv, o, mask=mask_dv & has_work)
+        tl.store(mid_o_ptr + mid_rows + offs_dv, o, mask=mask_dv)
     else:
-        tl.store(
-            mid_o_ptr + mid_rows[:, None] + offs_dv[None, :], o, mask=(mask_h & has_work)[:, None] & mask_dv[None, :]
-        )
+        tl.store(mid_o_ptr + mid_rows[:, None] + offs_dv[None, :], o, mask=mask_h[:, None] & mask_dv[None, :])
     lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads * STRIDE_MLH + split_idx * STRIDE_MLS
     if BLOCK_H == 1:
         tl.store(lse_ptrs, lse)
@@ -289,14 +273,9 @@ def _decode_stage2(
     if HAS_SINKS:
         denom += tl.exp(sink - m_safe)
 
-    # A row's splits with keys come first (common.split_bounds); the rest are empty
-    # (LSE -inf) and their partial outputs were never written.  The loop stops after the
-    # last split with keys, so its loads do not wait on the LSE they are weighed by and
-    # a balanced grid's empty splits cost stage 2 nothing.
-    used_splits = tl.max(tl.where(split_lse != float("-inf"), offs_s + 1, 0), 0)
     o_row = mid_o_ptr + batch_idx * STRIDE_MOB + head * STRIDE_MOH
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    for split_idx in range(0, used_splits):
+    for split_idx in range(NUM_KV_SPLITS):
         weight = tl.exp(tl.load(lse_row + split_idx * STRIDE_MLS) - m_safe)
         acc += weight * tl.load(o_row + split_idx * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
 

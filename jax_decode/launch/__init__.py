@@ -23,6 +23,7 @@ from jax_decode.launch.planner import (
     MAX_BATCH,
     MAX_KV_SPLITS,
     MIN_DOT_DIM,
+    SPLIT_CHOICES,
     check_cache_dtype_on_device,
     choose_splits,
     default_sm_scale,
@@ -48,6 +49,7 @@ from jax_decode.launch.problem import (
 __all__ = [
     "FP8_FORMATS",
     "MAX_AUTO_KV_SPLITS",
+    "SPLIT_CHOICES",
     "MAX_BATCH",
     "MAX_KV_SPLITS",
     "MIN_DOT_DIM",

@@ -78,10 +78,6 @@ class LaunchConfig:
     num_stages: int
     num_kv_splits: int  # splits in stage 1's grid
     stage2_num_warps: int
-    # Balanced splits: every split of the batch gets about the same work, about
-    # target_splits per row on average, computed on the device from the lengths.
-    balanced: bool = False
-    target_splits: int = 0
 
     @property
     def stage1_grid(self) -> tuple[int, int, int]:
@@ -146,9 +142,6 @@ class LaunchConfig:
             PAGE_SIZE=p.page_size,
             CAPACITY=p.capacity,
             NUM_KV_SPLITS=self.num_kv_splits,
-            BALANCED=self.balanced,
-            TARGET_SPLITS=self.target_splits if self.balanced else 0,
-            BATCH_BLOCK=next_power_of_2(p.batch) if self.balanced else 1,
         )
         return KernelLaunch("stage1", self.stage1_grid, self.num_warps, self.num_stages, tuple(meta.items()))
 

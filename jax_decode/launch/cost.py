@@ -35,11 +35,8 @@ from jax_decode.launch.problem import cdiv
 SATURATION_BYTES = 128 * 1024
 # What one SM pulls when the others leave DRAM bandwidth idle, in multiples of its share.
 SM_BURST = 1.4
-# Fixed cost of one program, in bytes at an SM's share of bandwidth (H200: ~0.4 us),
-# and of one that finds no work in a balanced grid (it loads the lengths and stores
-# its LSE: estimated at a third of that).
+# Fixed cost of one program, in bytes at an SM's share of bandwidth (H200: ~0.4 us).
 PROGRAM_OVERHEAD_BYTES = 13 * 1024
-EMPTY_PROGRAM_BYTES = 4 * 1024
 # Tensor-core FLOPs per byte of an SM's DRAM share: bf16 warpgroup MMA (sm_90) reaches
 # about 680 TFLOP/s on the H200 against 4.25 TB/s of copy; mma.sync with 16-row blocks a
 # quarter of that.
@@ -94,15 +91,10 @@ def grid_time(program: ProgramShape, programs: int, tokens_per_program: float, n
     return time
 
 
-def split_time(
-    program: ProgramShape, programs_per_split: int, tokens: float, splits: int, num_sms: int, per_sm: int,
-    empty: int = 0,
-) -> float:  # fmt: skip
-    """Stage 1 and stage 2 for rows of ``tokens`` tokens in ``splits`` splits, with
-    ``empty`` more programs in the grid that find no work (a balanced grid's spare
-    splits): each costs a program's fixed time."""
+def split_time(program: ProgramShape, programs_per_split: int, tokens: float, splits: int, num_sms: int,
+               per_sm: int) -> float:  # fmt: skip
+    """Stage 1 and stage 2 for rows of ``tokens`` tokens in ``splits`` splits."""
     stage1 = grid_time(program, programs_per_split * splits, tokens / splits, num_sms, per_sm)
-    stage1 += empty * EMPTY_PROGRAM_BYTES / num_sms
     stage2 = programs_per_split * splits * program.partial_bytes / num_sms  # the merge reads every partial
     return stage1 + stage2
 
@@ -122,42 +114,26 @@ def tail_mean_fraction(rows: int) -> float:
     return min(1.0, math.exp(TAIL_SIGMA**2 / 2 - TAIL_SIGMA * z))
 
 
-def uniform_time(
-    program: ProgramShape, programs_per_row: int, rows: int, tokens: int, target: int, grid: int, balanced: bool,
-    num_sms: int, per_sm: int,
-) -> float:  # fmt: skip
-    """Every row ``tokens`` long: ``target`` splits per row do the work (``grid`` when
-    unbalanced), the rest of a balanced grid's splits are empty."""
-    splits = target if balanced else grid
-    empty = programs_per_row * rows * (grid - splits)
-    return split_time(program, programs_per_row * rows, tokens, splits, num_sms, per_sm, empty)
+def uniform_time(program: ProgramShape, programs_per_row: int, rows: int, tokens: int, splits: int, num_sms: int,
+                 per_sm: int) -> float:  # fmt: skip
+    """Every row ``tokens`` long, cut into ``splits`` splits."""
+    return split_time(program, programs_per_row * rows, tokens, splits, num_sms, per_sm)
 
 
-def long_tail_time(
-    program: ProgramShape, programs_per_row: int, rows: int, tokens: int, target: int, grid: int, balanced: bool,
-    num_sms: int, per_sm: int,
-) -> float:  # fmt: skip
+def long_tail_time(program: ProgramShape, programs_per_row: int, rows: int, tokens: int, splits: int, num_sms: int,
+                   per_sm: int) -> float:  # fmt: skip
     """Log-normal lengths whose longest is ``tokens`` (:func:`tail_mean_fraction`).
 
-    Unbalanced, every row is cut into ``grid`` splits, so the long row's are the
-    longest programs; scheduled as SMs free up, the grid ends about one such program
-    after all the work would have (list scheduling).  Balanced, every split gets the
-    batch's mean share, ``total / (rows * target)`` tokens, but no less than
-    ``tokens / grid`` (so the long row fits the grid).
+    Every row is cut into ``splits`` splits, so the long row's are the longest programs;
+    scheduled as SMs free up, the grid ends about one such program after all the work
+    would have (list scheduling).
     """
     if rows == 1:  # one row has no tail
-        return uniform_time(program, programs_per_row, rows, tokens, target, grid, balanced, num_sms, per_sm)
+        return uniform_time(program, programs_per_row, rows, tokens, splits, num_sms, per_sm)
     total = tokens * rows * tail_mean_fraction(rows)
-    if balanced:
-        per_split = max(total / (rows * target), tokens / grid)
-        splits = max(1, round(total / per_split))  # over the whole batch, per KV head block
-        empty = max(0, programs_per_row * (rows * grid - splits))
-        everything = split_time(program, programs_per_row, total, splits, num_sms, per_sm, empty)
-    else:
-        per_split = tokens / grid
-        everything = split_time(program, programs_per_row * rows, total / rows, grid, num_sms, per_sm)
-    per_sm_now = min(per_sm, cdiv(programs_per_row * rows * grid, num_sms))
+    everything = split_time(program, programs_per_row * rows, total / rows, splits, num_sms, per_sm)
+    per_sm_now = min(per_sm, cdiv(programs_per_row * rows * splits, num_sms))
     in_flight = per_sm_now * program.in_flight_bytes
     throughput = SM_BURST * in_flight / (in_flight + SATURATION_BYTES)
-    longest = per_split * program.token_bytes * per_sm_now / throughput
+    longest = tokens / splits * program.token_bytes * per_sm_now / throughput
     return everything + longest

@@ -19,8 +19,9 @@ MAX_AUTO_KV_SPLITS = 64
 MAX_KV_SPLITS = 256
 # Each automatically chosen split gets at least this many KV blocks of work.
 MIN_BLOCKS_PER_SPLIT = 4
-# Balanced splits sum the batch's lengths in every program: up to this many rows.
-MAX_BALANCED_BATCH = 1024
+# The split counts the planner chooses from: steps of at most 1.5x, few enough that a
+# decode loop over growing lengths compiles a handful of kernels.
+SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Stage 1 puts the batch on grid axis 1, which CUDA limits to 65535.
 MAX_BATCH = 65535
 # tl.dot needs at least 16 along each dimension.
@@ -84,37 +85,27 @@ def program_shape(p: DecodeProblem, device: DeviceInfo, block_h: int, block_n: i
 
 
 def choose_splits(p: DecodeProblem, device: DeviceInfo, program: ProgramShape, programs_per_row: int,
-                  block_n: int) -> tuple[int, int, bool]:  # fmt: skip
-    """``(grid splits, target splits per row, balanced)`` the cost model
+                  block_n: int) -> int:  # fmt: skip
+    """The split count (of :data:`SPLIT_CHOICES`) the cost model
     (:mod:`jax_decode.launch.cost`) finds best for every plausible batch.
 
     The lengths are device values, so the launch must suit both a uniform batch (every
     row at the page table's capacity) and a long-tailed one (log-normal lengths, the
     longest at capacity): of the candidates, the one whose time is furthest from its
-    scenario's best in neither.  With balanced splits (batches of 2 to
-    ``MAX_BALANCED_BATCH`` rows) a candidate is a target count per row and a grid of
-    1, 2, 4 or 8 times that many splits, which the kernels share out by length.
+    scenario's best in neither.
     """
     if p.batch == 0:  # nothing is launched
-        return 1, 1, False
+        return 1
     per_sm = programs_per_sm(program, sm_shared_bytes(device))
     tokens = max(p.max_attended, 1)
-    most_targets = max(1, min(MAX_AUTO_KV_SPLITS, cdiv(tokens, block_n * MIN_BLOCKS_PER_SPLIT)))
-    balanced = 2 <= p.batch <= MAX_BALANCED_BATCH
-    most_grid = max(1, min(MAX_AUTO_KV_SPLITS, cdiv(tokens, block_n))) if balanced else most_targets
-    candidates = [
-        (target, grid)
-        for target in range(1, most_targets + 1)
-        for grid in ((target, 2 * target, 4 * target, 8 * target) if balanced else (target,))
-        if grid <= max(most_grid, target)
-    ]
+    most = max(1, min(MAX_AUTO_KV_SPLITS, cdiv(tokens, block_n * MIN_BLOCKS_PER_SPLIT)))
+    candidates = [s for s in SPLIT_CHOICES if s <= most]
     shape = (programs_per_row, p.batch, tokens)
     machine = (device.num_sms, per_sm)
-    uniform = {c: uniform_time(program, *shape, *c, balanced, *machine) for c in candidates}
-    tail = {c: long_tail_time(program, *shape, *c, balanced, *machine) for c in candidates}
+    uniform = {s: uniform_time(program, *shape, s, *machine) for s in candidates}
+    tail = {s: long_tail_time(program, *shape, s, *machine) for s in candidates}
     best_uniform, best_tail = min(uniform.values()), min(tail.values())
-    target, grid = min(candidates, key=lambda c: (max(uniform[c] / best_uniform, tail[c] / best_tail), c[1], c[0]))
-    return grid, target, balanced
+    return min(candidates, key=lambda s: (max(uniform[s] / best_uniform, tail[s] / best_tail), s))
 
 
 def sm_shared_bytes(device: DeviceInfo) -> int:
@@ -227,11 +218,9 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         wide = _wide_heads(block_dmodel, block_dpe)
         num_warps = 8 if wide and not p.v_from_k and itemsize(p.cache_dtype) >= 2 else 4
 
-    balanced, target_splits = False, 0
     if num_kv_splits is None:
         program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
-        programs_per_row = p.num_kv_heads * head_blocks
-        num_kv_splits, target_splits, balanced = choose_splits(p, device, program, programs_per_row, block_n)
+        num_kv_splits = choose_splits(p, device, program, p.num_kv_heads * head_blocks, block_n)
 
     return LaunchConfig(
         problem=p,
@@ -247,8 +236,6 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         num_stages=num_stages,
         num_kv_splits=num_kv_splits,
         stage2_num_warps=4 if block_dv >= 256 else 2,
-        balanced=balanced,
-        target_splits=target_splits,
     )
 
 
