@@ -125,7 +125,9 @@ def test_pages(n, window_left):
     mesh = _mesh((n,), ("sp",))
     caches = dict(k_cache=P("sp"), v_cache=P("sp"))
     out, lse, compiled = _run(mesh, caches, _problem(), window_left=window_left)
-    assert "all-reduce" in compiled  # out and lse, merged
+    # out and lse merged: a max, then the sums (which XLA combines into one all-reduce)
+    reduces = [line for line in compiled.splitlines() if " all-reduce(" in line or " all-reduce-start(" in line]
+    assert 1 <= len(reduces) <= 2, reduces
     assert out.sharding.is_fully_replicated
 
 
