@@ -126,8 +126,8 @@ def test_merge_with_an_empty_part_is_exact(dtype):
         out, lse = jax_decode.merge_attention_states(*args)
         np.testing.assert_array_equal(np.asarray(out), np.asarray(out_a))
         np.testing.assert_array_equal(np.asarray(lse), np.asarray(lse_a))
-    t = torch.from_numpy(np.asarray(out_a, np.float32)).to(torch.bfloat16 if dtype == jnp.bfloat16 else torch.float32)
-    t_lse = torch.from_numpy(np.asarray(lse_a))
+    t = torch.from_numpy(np.array(out_a, np.float32)).to(torch.bfloat16 if dtype == jnp.bfloat16 else torch.float32)
+    t_lse = torch.from_numpy(np.array(lse_a))
     out, lse = torch_bridge.merge_attention_states(t, t_lse, torch.zeros_like(t), torch.full_like(t_lse, -torch.inf))
     assert torch.equal(out, t) and torch.equal(lse, t_lse)
 
