@@ -10,6 +10,7 @@ Dimension names::
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 from typing import NamedTuple
@@ -180,13 +181,39 @@ class _DropCheckFailureLogs(logging.Filter):
 logging.getLogger("jax._src.callback").addFilter(_DropCheckFailureLogs())
 
 
+def _forget_delivered_check_failures() -> None:
+    """On a GPU, JAX keeps the last computation's runtime token, which holds a failed host
+    callback's error, and re-raises it from an exit handler ("Exception ignored in atexit
+    callback") after the call itself has already failed with it.  This handler,
+    registered after JAX's and so run before it, waits on those tokens first and drops
+    the error when it is check_inputs' refusal; any other error is raised as JAX would.
+    """
+    try:
+        from jax._src import dispatch as jax_dispatch  # private; absent: nothing to do
+    except ImportError:
+        return
+    tokens = getattr(jax_dispatch, "runtime_tokens", None)
+    if tokens is None or not hasattr(tokens, "clear"):
+        return
+    try:
+        tokens.block_until_ready()
+    except Exception as error:
+        tokens.clear()
+        if f"{BadIndexValues.__name__}:" not in str(error):
+            raise
+
+
+atexit.register(_forget_delivered_check_failures)
+
+
 def _checked_seq_lens(page_table, seq_lens, problem):
     """``seq_lens``, once :func:`check_index_values` has passed on the index values.
 
     Eagerly (concrete arrays) a bad value raises ValueError here.  Under ``jax.jit`` the
     check is a host callback whose result the kernels read, so it runs before them and
     a bad value fails the call itself: ``jax.errors.JaxRuntimeError``, its message ending
-    in the ValueError's (no side effect left to re-raise at exit).
+    in the ValueError's, raised once (not again at exit: see
+    :func:`_forget_delivered_check_failures`).
     """
     check = functools.partial(
         check_index_values, num_pages=problem.num_pages, page_size=problem.page_size, window_left=problem.window_left

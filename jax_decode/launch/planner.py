@@ -28,8 +28,7 @@ MAX_BATCH = 65535
 MIN_DOT_DIM = 16
 # Rows of one warpgroup MMA (sm_90): the head block of the tensor-core path.
 WGMMA_ROWS = 64
-# Grouped programs over K heads at least this wide take 3 pipeline stages (and, from a
-# 16- or 32-bit cache, 8 warps).
+# Grouped programs over K heads at least this wide take 3 pipeline stages.
 WIDE_HEAD_DIM = 256
 
 
@@ -137,7 +136,7 @@ def _tensor_core_blocks(p: DecodeProblem, device: DeviceInfo) -> bool:
 
 
 def _wide_heads(block_dmodel: int, block_dpe: int) -> bool:
-    """K heads of WIDE_HEAD_DIM or more (MQA d256, MLA's 576): 3 stages, maybe 8 warps."""
+    """K heads of WIDE_HEAD_DIM or more (MQA d256, MLA's 576): 3 stages."""
     return block_dmodel + block_dpe >= WIDE_HEAD_DIM
 
 
@@ -211,12 +210,11 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         block_h = min(max(MIN_DOT_DIM, next_power_of_2(p.kv_group)), max_block_h)
         head_blocks = cdiv(p.kv_group, block_h)
         block_n, num_stages = _grouped_blocks(p, device, block_dmodel, block_dpe, block_dv)
-        # Wide K/V heads (d256) from a 16- or 32-bit cache take 8 warps, each holding half
-        # of every tile and of the accumulator.  An fp8 tile is half as large and faster
-        # with 4, and so is MLA, whose 576-wide latent with many heads per program is
-        # dot-bound.
-        wide = _wide_heads(block_dmodel, block_dpe)
-        num_warps = 8 if wide and not p.v_from_k and itemsize(p.cache_dtype) >= 2 else 4
+        # 4 warps for every width.  Wide heads (d256) once took 8, which won by 3% on one
+        # latency-bound shape (MQA b8) and lost 4-10% wherever the grid fills the GPU
+        # (Gemma-2's d256 at batch 64-128 on the H200): with the SMs busy, two warpgroups
+        # per program only add issue slots the memory system cannot feed.
+        num_warps = 4
 
     if num_kv_splits is None:
         program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
