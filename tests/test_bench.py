@@ -141,7 +141,7 @@ def test_replan_reads_the_planners_choice_from_the_measured_sweep():
 
     assert set(SPLIT_CHOICES) <= set(bench.SPLIT_SWEEP)
     docs = pathlib.Path(__file__).resolve().parents[1] / "docs"
-    results = [r for name in ("bench_h200_core.json", "bench_h200_models.json")
+    results = [r for name in ("sweep_h200_core.json", "sweep_h200_models.json")
                for r in json.loads((docs / name).read_text())["results"]]  # fmt: skip
     rows = replan.replan(results)
     assert len(rows) == len(results) >= 40
@@ -149,3 +149,35 @@ def test_replan_reads_the_planners_choice_from_the_measured_sweep():
         assert row["best_ms"] <= row["chosen_ms"] and row["chosen"] in SPLIT_CHOICES
     table = replan.markdown(rows)
     assert table.count("\n") == len(rows) + 2 and "geometric mean" in table
+
+
+@pytest.mark.parametrize("name", ["bench_h200_core.json", "bench_h200_models.json"])
+def test_performance_doc_tables_are_the_checked_in_runs(name):
+    """Every line of benchmarks.table's rendering of a checked-in run is in
+    docs/performance.md, so the doc's numbers are the raw data's."""
+    import json
+    import pathlib
+
+    from benchmarks import table
+
+    docs = pathlib.Path(__file__).resolve().parents[1] / "docs"
+    run = json.loads((docs / name).read_text())
+    rendered = table.markdown(run["results"])
+    doc = (docs / "performance.md").read_text()
+    for line in rendered.splitlines():
+        assert line in doc, line
+    assert len(rendered.splitlines()) == len(run["results"]) + 4  # head, rule, two means
+
+
+def test_table_reports_vllm_ratio_and_unsupported_rows():
+    from benchmarks import table
+
+    def row(label, torch_ms, vllm):
+        ours = dict(ms=torch_ms, pct_roofline=100 * 0.1 / torch_ms)
+        return dict(label=label, roofline_ms=0.1, compute_bound=False, impls={"torch_bridge": ours, "vllm": vllm})
+
+    text = table.markdown([row("a", 0.2, dict(ms=0.1, pct_roofline=100.0, splits=4)),
+                           row("b", 0.1, dict(ms=None, note="unsupported"))])  # fmt: skip
+    assert "| a | 100.0 (bytes) | 200.0 · 50% | 100.0 · 100% (4 splits) | 2.000 |" in text
+    assert "| b | 100.0 (bytes) | 100.0 · 100% | unsupported | – |" in text
+    assert "no slower on 0 of 1; worst 2.000" in text
