@@ -92,16 +92,50 @@ def test_vllm_drop_in_mla_view_without_copy():
     np.testing.assert_allclose(to_float64(o), expected, atol=2e-5, rtol=2e-5)
 
 
-def test_torch_compile_fullgraph():
+# Every option that reaches the planner or the checks under torch.compile: the defaults
+# (the planner chooses the splits), and each float and int option set.
+COMPILE_OPTIONS = {
+    "defaults": {},
+    "num_kv_splits": dict(num_kv_splits=2),
+    "sm_scale": dict(sm_scale=0.1),
+    "logit_cap": dict(logit_cap=30.0),
+    "window_left": dict(window_left=5),
+    "sinks": dict(sinks=torch.linspace(-1, 1, 8)),
+    "everything": dict(sm_scale=0.2, logit_cap=20.0, window_left=9, num_kv_splits=3, return_lse=True),
+}
+
+
+@pytest.mark.parametrize("options", list(COMPILE_OPTIONS))
+def test_torch_compile_fullgraph(options):
     problem = GQA4.problem()
     tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
+    kwargs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in COMPILE_OPTIONS[options].items()}
 
     def layer(q, k, v, pt, sl):
         # Only exact elementwise work around the op, so compiled and eager must agree bit for bit.
-        return torch_bridge.decode_attention(q * 2, k, v, pt, sl, num_kv_splits=2) * 0.5
+        result = torch_bridge.decode_attention(q * 2, k, v, pt, sl, **kwargs)
+        return (result[0] * 0.5, result[1]) if kwargs.get("return_lse") else result * 0.5
 
     compiled = torch.compile(layer, fullgraph=True, backend="inductor" if HAS_GPU else "aot_eager")
     torch.testing.assert_close(compiled(*tensors), layer(*tensors), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [(dict(sm_scale=-1.0), ValueError), (dict(sm_scale=True), TypeError), (dict(logit_cap=float("nan")), ValueError)],
+)
+def test_torch_compile_refuses_bad_float_options_by_name(options, error):
+    """Compiled, the float options' values are checked when the op runs (they may be
+    symbolic while tracing), with the eager call's error; a wrong type is refused while
+    tracing, where torch.compile(fullgraph=True) reports it inside its Unsupported."""
+    tensors = [to_tensor(a, DEVICE) for a in GQA4.problem().arrays]
+    torch._dynamo.reset()  # a fresh trace: not one where an earlier float made sm_scale symbolic
+    compiled = torch.compile(lambda *a: torch_bridge.decode_attention(*a, **options), fullgraph=True,
+                             backend="aot_eager")  # fmt: skip
+    with pytest.raises(
+        (error, torch._dynamo.exc.Unsupported), match=f"{error.__name__}.*{next(iter(options))}|^{next(iter(options))}"
+    ):
+        compiled(*tensors)
 
 
 @pytest.mark.gpu

@@ -83,6 +83,20 @@ def _plan(ops: DecodeOperands, head_dim_v, sm_scale, logit_cap, window_left, num
         return _plan_uncached(*args)  # an unhashable option: let the checks name it
 
 
+def _value_checked_by_op(value, placeholder):
+    """What the planner sees of sm_scale / logit_cap: the value, or under torch.compile,
+    for a number, ``placeholder``.
+
+    Compiled, a float that changed between calls becomes a symbolic graph input whose
+    value cannot be tested while tracing.  These two do not change the launch's shape,
+    so the launch is planned without them and the op checks and uses the values when it
+    runs; a wrong type (a bool, a string) is still refused here, while tracing.
+    """
+    if not torch.compiler.is_compiling() or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return placeholder
+
+
 def _split_scratch(scratch: torch.Tensor, config: LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(mid_o, mid_lse) views of the scratch buffer, in either layout."""
     dv = config.problem.head_dim_v
@@ -326,7 +340,8 @@ def decode_attention(
     )  # fmt: skip
     _check_tensors(_DECODE_NAMES, (*ops, out))
     _refuse_grad(_DECODE_NAMES, (*ops, out))
-    config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+    config = _plan(ops, head_dim_v, _value_checked_by_op(sm_scale, None), _value_checked_by_op(logit_cap, 0.0),
+                   window_left, num_kv_splits)  # fmt: skip
     if check_inputs:
         _check_values(page_table, seq_lens, config)
     p = config.problem
@@ -342,8 +357,8 @@ def decode_attention(
     if torch.compiler.is_compiling():
         torch.ops.jax_decode.decode_attention_(
             q, k_cache, k_cache if v_cache is None else v_cache, page_table, seq_lens, out, lse, scratch, ops.k_scale,
-            ops.v_scale, ops.sinks, p.sm_scale, p.logit_cap, p.head_dim_v, p.v_from_k, p.window_left,
-            config.num_kv_splits,
+            ops.v_scale, ops.sinks, p.sm_scale if sm_scale is None else sm_scale, logit_cap, p.head_dim_v,
+            p.v_from_k, p.window_left, config.num_kv_splits,
         )  # fmt: skip
     else:
         launch_decode(config, _kernel_floats(ops), *_split_scratch(scratch, config), out, lse)
