@@ -6,8 +6,10 @@ from jax_decode.backends.triton import compile_target
 from jax_decode.kv_write import write_kv
 from jax_decode.launch import DecodeProblem, DeviceInfo, KernelStrides, LaunchConfig, make_launch_config
 from jax_decode.reference import decode_attention_reference
+from jax_decode.sharding import ShardingError
 
 __all__ = [
+    "ShardingError",
     "BACKENDS",
     "DecodeProblem",
     "DeviceInfo",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_decode.validation import is_float_scalar
+from jax_decode.validation import check_scale_value, is_float_scalar
 
 
 def float_operand(name: str, x, *, scalar_ok: bool = True):
@@ -14,6 +14,7 @@ def float_operand(name: str, x, *, scalar_ok: bool = True):
     if x is None:
         return None
     if is_float_scalar(name, x, scalar_ok=scalar_ok):
+        check_scale_value(name, x)
         return jnp.asarray(x, jnp.float32)
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         raise TypeError(f"{name} must be an array, a float or None, got {type(x).__name__}")

@@ -65,6 +65,33 @@ def _axes(entry) -> tuple[str, ...]:
     return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
+def refuse_explicit_axes(named: dict) -> None:
+    """ShardingError for an operand sharded over Explicit mesh axes (sharding in types).
+
+    The rules here partition under Auto axes, where XLA's partitioner decides; with
+    Explicit axes JAX would type every op of the xla backend by hand.  ``jax.make_mesh``
+    makes Explicit axes in current JAX, so the error says how to make Auto ones.
+    """
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    typeof = getattr(jax, "typeof", None)
+    if explicit is None or typeof is None:
+        return
+    for name, array in named.items():
+        sharding = getattr(typeof(array), "sharding", None)
+        mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
+        if mesh is None or spec is None or not getattr(mesh, "axis_types", None):
+            continue
+        types = dict(zip(mesh.axis_names, mesh.axis_types, strict=False))
+        axes = sorted({a for entry in spec for a in _axes(entry) if types.get(a) == explicit})
+        if axes:
+            raise ShardingError(
+                f"{name} is sharded over Explicit mesh axes {axes}; decode_attention and write_kv "
+                "partition themselves over Auto axes: build the mesh with "
+                "jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names)) "
+                "or jax.sharding.Mesh(devices, names)"
+            )
+
+
 def _dims(arg) -> tuple[tuple[str, ...], ...]:
     """The mesh axes of each dimension of an operand (from its NamedSharding)."""
     spec = tuple(arg.sharding.spec) if isinstance(arg.sharding, NamedSharding) else ()
@@ -225,6 +252,7 @@ def sharded_decode(ops: DecodeOperands, problem: DecodeProblem, compute: Callabl
     cannot be partitioned: a sharded call raises ShardingError.
     """
     names = [n for n in DecodeOperands._fields if getattr(ops, n) is not None]
+    refuse_explicit_axes({n: getattr(ops, n) for n in names})
     factors = _decode_factors(problem)
 
     def whole(*arrays):
@@ -286,6 +314,7 @@ def sharded_write(ops: WriteOperands, problem: WriteProblem, compute: Callable, 
     """``compute(ops, problem) -> cache``, partitioned by the cache's sharding (see
     :func:`sharded_decode` for ``host_callback``)."""
     names = [n for n in WriteOperands._fields if getattr(ops, n) is not None]
+    refuse_explicit_axes({n: getattr(ops, n) for n in names})
     factors = dict(_WRITE_FACTORS, scale="k" if problem.scale == SCALE_PER_KV_HEAD else "scale")
 
     def whole(*arrays):

@@ -99,6 +99,12 @@ def is_float_scalar(name: str, value: object, *, scalar_ok: bool) -> bool:
     return True
 
 
+def check_scale_value(name: str, value: float) -> None:
+    """A scale given as a number: finite and > 0 in float32 (a NaN, 0 or negative scale
+    would silently turn every output into NaN, zeros or garbage)."""
+    _check_scalar(name, value, allow_zero=False)
+
+
 def check_scale(name: str, spec: tuple | None, num_kv_heads: int) -> int:
     """SCALE_* mode of a dequantisation scale given as (shape, dtype), or None."""
     if spec is None:

@@ -232,6 +232,37 @@ def test_numpy_scalar_scales_work_in_both_frontends_and_sinks_must_be_arrays():
         jax_decode.decode_attention(*arrays, k_scale=1j, backend="xla")
 
 
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -1.0, float("inf")])
+def test_a_scale_given_as_a_number_must_be_finite_and_positive(bad):
+    import dataclasses
+
+    problem = dataclasses.replace(GQA4, kv_dtype="float8_e5m2", dtype="float16").problem()
+    arrays = device_arrays(problem)
+    tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
+    with pytest.raises(ValueError, match="k_scale must be finite and > 0"):
+        jax_decode.decode_attention(*arrays, k_scale=bad, backend="xla")
+    with pytest.raises(ValueError, match="k_scale must be finite and > 0"):
+        torch_bridge.decode_attention(*tensors, k_scale=bad)
+    k, v, rows = tensors[1], tensors[2], tensors[1][0, :2].clone()
+    with pytest.raises(ValueError, match="v_scale must be finite and > 0"):
+        torch_bridge.write_kv(k, v, rows, rows, torch.tensor([0, 1], dtype=torch.int32), v_scale=bad)
+
+
+def test_an_operand_that_is_not_an_array_is_named():
+    arrays = device_arrays(GQA4.problem())
+    with pytest.raises(TypeError, match=r"seq_lens must be an array \(jax.Array, NumPy or torch tensor\), got list"):
+        jax_decode.decode_attention(*arrays[:4], [3, 9, 1, 2], backend="xla")
+
+
+def test_vllm_drop_in_needs_the_split_count_its_scratch_holds():
+    problem = GQA4.problem()
+    q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
+    o = torch.empty(q.shape[0], q.shape[1], v.shape[-1], device=DEVICE)
+    logits = torch.empty(q.shape[0], q.shape[1], 2, v.shape[-1] + 1, device=DEVICE)
+    with pytest.raises(TypeError, match="num_kv_splits must be an int"):
+        torch_bridge.decode_attention_fwd(q, k, v, o, pt, sl, logits, None, 0.125, page_size=k.shape[1])
+
+
 # --------------------------------------------------------------------------- torch.compile, both entry points
 
 

@@ -145,6 +145,50 @@ def test_a_cache_split_the_kernels_cannot_use_is_refused():
         _run(mesh, dict(k_cache=P(None, None, None, "x"), v_cache=P(None, None, None, "x")), _problem())
 
 
+def test_a_refusal_found_by_the_partitioner_names_sharding_error():
+    """Found while XLA partitions (not while tracing), the refusal arrives inside
+    JaxRuntimeError, whose message carries ShardingError's (as the README says)."""
+    mesh = _mesh((2,), ("x",))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="ShardingError: k_cache is sharded on its head_dim"):
+        _run(mesh, dict(k_cache=P(None, None, None, "x"), v_cache=P(None, None, None, "x")), _problem())
+
+
+@pytest.mark.skipif(not hasattr(jax.sharding, "AxisType"), reason="this JAX has no Explicit mesh axes")
+@pytest.mark.parametrize("mode", ["heads", "pages", "write_kv"])
+def test_explicit_mesh_axes_are_refused_with_the_auto_recipe(mode):
+    """jax.make_mesh makes Explicit axes; the rules partition over Auto ones and say how."""
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,), devices=jax.devices("cpu")[:2])
+    problem = _problem()
+    q, k, v, pt, sl = (jnp.asarray(a) for a in problem.arrays)
+    spec = dict(heads=P(None, None, "x"), pages=P("x"), write_kv=P("x"))[mode]
+    k, v = (jax.device_put(c, NamedSharding(mesh, spec)) for c in (k, v))
+    if mode == "heads":
+        q = jax.device_put(q, NamedSharding(mesh, P(None, "x")))
+    with pytest.raises(jax_decode.ShardingError, match=r"Explicit mesh axes \['x'\].*AxisType.Auto"):
+        if mode == "write_kv":
+            rows = jnp.ones((2, *k.shape[2:]), k.dtype)
+            jax.jit(jax_decode.write_kv)(k, v, rows, rows, jnp.array([0, 5], jnp.int32))
+        else:
+            jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla"))(q, k, v, pt, sl)
+
+
+def test_the_readme_mesh_recipe_partitions_on_heads():
+    """README: jax.make_mesh with Auto axes, q on heads, caches on KV heads."""
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((4,), ("tp",), axis_types=(AxisType.Auto,), devices=jax.devices("cpu")[:4])
+    problem = _problem()
+    q, k, v, pt, sl = (jnp.asarray(a) for a in problem.arrays)
+    q = jax.device_put(q, NamedSharding(mesh, P(None, "tp", None)))
+    k, v = (jax.device_put(c, NamedSharding(mesh, P(None, None, "tp", None))) for c in (k, v))
+    out = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla"))(q, k, v, pt, sl)
+    assert tuple(out.sharding.spec)[:2] == (None, "tp")
+    expected, _ = decode_attention_reference(*problem.arrays)
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected, **OUT_TOL[str(problem.q.dtype)])
+
+
 def test_a_small_operand_split_the_kernels_cannot_use_is_resharded_with_a_warning():
     mesh = _mesh((2,), ("x",))
     with warnings.catch_warnings(record=True) as caught:

@@ -26,6 +26,7 @@ from jax_decode.validation import (
     check_decode_args,
     check_index_values,
     check_num_kv_splits,
+    check_scale_value,
     check_write_kv_args,
     dtype_name,
     is_float_scalar,
@@ -118,8 +119,9 @@ def _float_input(name: str, value, like: torch.Tensor, *, scalar_ok: bool = True
     if value is None:
         return None
     if is_float_scalar(name, value, scalar_ok=scalar_ok):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # (possibly symbolic: the kernels read it as given)
             return torch.full((1,), float(value), dtype=torch.float32, device=like.device)
+        check_scale_value(name, value)
         key = (float(value), like.device)
         if key not in _SCALARS:
             _SCALARS[key] = torch.tensor([float(value)], dtype=torch.float32, device=like.device)
@@ -398,6 +400,9 @@ def decode_attention_fwd(
         k_buffer, v_buffer = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
     if k_buffer.dim() == 4 and k_buffer.shape[1] != page_size:
         raise ValueError(f"k_buffer page_size ({k_buffer.shape[1]}) must equal page_size ({page_size})")
+    if num_kv_splits is None:  # vLLM's signature: the split count attn_logits was sized for
+        raise TypeError("num_kv_splits must be an int (the split count attn_logits holds), got None")
+    check_num_kv_splits(num_kv_splits)
     k_scale, v_scale = _float_input("k_scale", k_scale, q), _float_input("v_scale", v_scale, q)
     tensors = (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits)
     _check_tensors(_FWD_NAMES, tensors)
