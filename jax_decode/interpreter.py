@@ -64,6 +64,27 @@ def run_interpreted(launch: KernelLaunch, args: tuple) -> None:
     """Run ``launch`` on ``args`` (CPU tensors and ints, in the kernel's parameter order)."""
     kernel = KERNELS[launch.kernel_name]
     with interpreting():
-        _interpreted(kernel.fn)[launch.grid](
-            *args, num_warps=launch.num_warps, num_stages=launch.num_stages, **launch.meta()
-        )
+        try:
+            _interpreted(kernel.fn)[launch.grid](
+                *args, num_warps=launch.num_warps, num_stages=launch.num_stages, **launch.meta()
+            )
+        except Exception as error:
+            if _NUMPY_SCALAR_CONVERSION in str(error):
+                raise RuntimeError(_incompatible_interpreter()) from error
+            raise
+
+
+# Older Triton interpreters turn a loaded loop bound into an int through a 1-element
+# array, a conversion NumPy 2.4 removed (seen with Triton 3.6 and NumPy 2.4.6; NumPy
+# 2.3.5 runs the same kernels).
+_NUMPY_SCALAR_CONVERSION = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def _incompatible_interpreter() -> str:
+    import numpy
+    import triton
+
+    return (
+        f"Triton {triton.__version__}'s interpreter cannot run these kernels with NumPy {numpy.__version__} "
+        "(it converts 1-element arrays to ints, which NumPy 2.4 removed): install 'numpy<2.4' or a newer triton"
+    )

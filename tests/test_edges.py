@@ -18,6 +18,7 @@ from torch_support import to_float64, to_tensor
 
 import jax_decode
 import torch_bridge
+from jax_decode.launch import KernelLaunch
 from jax_decode.synthetic import make_paged_problem
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -261,6 +262,23 @@ def test_vllm_drop_in_needs_the_split_count_its_scratch_holds():
     logits = torch.empty(q.shape[0], q.shape[1], 2, v.shape[-1] + 1, device=DEVICE)
     with pytest.raises(TypeError, match="num_kv_splits must be an int"):
         torch_bridge.decode_attention_fwd(q, k, v, o, pt, sl, logits, None, 0.125, page_size=k.shape[1])
+
+
+def test_an_interpreter_that_cannot_run_with_this_numpy_says_what_to_install(monkeypatch):
+    """Triton 3.6's interpreter with NumPy >= 2.4 fails inside the kernel (measured);
+    the error says which versions to install instead."""
+    from jax_decode import interpreter
+
+    def broken(fn):
+        def launch(*args, **kwargs):
+            raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+
+        return {(1, 1, 1): launch}
+
+    monkeypatch.setattr(interpreter, "_interpreted", broken)
+    launch = KernelLaunch("stage2", (1, 1, 1), num_warps=1, num_stages=1, constexprs=())
+    with pytest.raises(RuntimeError, match=r"NumPy .* install 'numpy<2.4' or a newer triton"):
+        interpreter.run_interpreted(launch, ())
 
 
 # --------------------------------------------------------------------------- torch.compile, both entry points
