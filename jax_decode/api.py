@@ -29,7 +29,13 @@ from jax_decode.launch import DeviceInfo, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.operands import ROW_OPERANDS, DecodeOperands, specs
 from jax_decode.sharding import sharded_decode
-from jax_decode.validation import BadIndexValues, check_decode_args, check_index_values, check_num_kv_splits
+from jax_decode.validation import (
+    BadIndexValues,
+    check_arrays,
+    check_decode_args,
+    check_index_values,
+    check_num_kv_splits,
+)
 
 
 def decode_attention(
@@ -95,6 +101,8 @@ def decode_attention(
       also ``lse`` float32 ``[batch, num_heads]``.
     """
     check_backend(backend)
+    check_arrays(dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens),
+                 optional=("v_cache",))  # fmt: skip
     given = DecodeOperands(
         q, k_cache, v_cache, page_table, seq_lens, float_operand("k_scale", k_scale),
         float_operand("v_scale", v_scale), float_operand("sinks", sinks, scalar_ok=False),

@@ -16,7 +16,7 @@ from jax_decode.backends import xla as xla_backend
 from jax_decode.launch import WriteProblem, check_cache_dtype_on_device
 from jax_decode.operands import WriteOperands, specs
 from jax_decode.sharding import sharded_write
-from jax_decode.validation import check_write_kv_args, write_operands
+from jax_decode.validation import check_arrays, check_write_kv_args, write_operands
 
 
 def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, k_scale=None, v_scale=None, backend: str = "auto"):
@@ -37,6 +37,8 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, k_scale=None, v_sc
     Returns ``(k_cache, v_cache)`` updated (v_cache None when it was None).
     """
     check_backend(backend)
+    check_arrays(dict(k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, slot_mapping=slot_mapping),
+                 optional=("v_cache", "v_new"))  # fmt: skip
     k_scale, v_scale = float_operand("k_scale", k_scale), float_operand("v_scale", v_scale)
     k, v = write_operands(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
     k_problem, v_problem = check_write_kv_args(specs(k), None if v is None else specs(v))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from jax_decode.validation import check_arrays
+
 
 def merge_states(xp: ModuleType, to_float32, out_a, lse_a, out_b, lse_b):
     """``(out, lse)`` of attention over the union of the keys of parts a and b.
@@ -35,6 +37,7 @@ def merge_states(xp: ModuleType, to_float32, out_a, lse_a, out_b, lse_b):
 
 def check_merge_args(out_a, lse_a, out_b, lse_b) -> None:
     """Shapes must agree: out [..., head_dim_v], lse [...] (the leading dims of out)."""
+    check_arrays(dict(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b))
     if tuple(out_a.shape) != tuple(out_b.shape):
         raise ValueError(f"out_a shape {tuple(out_a.shape)} must equal out_b shape {tuple(out_b.shape)}")
     for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):

@@ -99,6 +99,21 @@ def is_float_scalar(name: str, value: object, *, scalar_ok: bool) -> bool:
     return True
 
 
+def check_arrays(named: dict, *, optional: tuple[str, ...] = (), array_type: type | None = None) -> None:
+    """TypeError naming an operand that is missing (None where required) or not an array
+    (a list, a scalar); with ``array_type``, one not of that type (torch's frontend)."""
+    for name, value in named.items():
+        if value is None:
+            if name not in optional:
+                raise TypeError(f"{name} must be an array, got None")
+        elif array_type is not None and not isinstance(value, array_type):
+            kind = f"{array_type.__module__}.{array_type.__name__}"
+            raise TypeError(f"{name} must be a {kind}, got {type(value).__name__}")
+        elif not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            kind = "an array (jax.Array, NumPy or torch tensor)"
+            raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+
+
 def check_scale_value(name: str, value: float) -> None:
     """A scale given as a number: finite and > 0 in float32 (a NaN, 0 or negative scale
     would silently turn every output into NaN, zeros or garbage)."""

@@ -249,10 +249,33 @@ def test_a_scale_given_as_a_number_must_be_finite_and_positive(bad):
         torch_bridge.write_kv(k, v, rows, rows, torch.tensor([0, 1], dtype=torch.int32), v_scale=bad)
 
 
-def test_an_operand_that_is_not_an_array_is_named():
-    arrays = device_arrays(GQA4.problem())
-    with pytest.raises(TypeError, match=r"seq_lens must be an array \(jax.Array, NumPy or torch tensor\), got list"):
-        jax_decode.decode_attention(*arrays[:4], [3, 9, 1, 2], backend="xla")
+@pytest.mark.parametrize("position", range(5))
+@pytest.mark.parametrize("bad", [None, [1.0, 2.0]], ids=["None", "list"])
+def test_an_operand_that_is_missing_or_not_an_array_is_named(position, bad):
+    """In every entry point of both frontends (v_cache / v_new may be None: MLA)."""
+    problem = GQA4.problem()
+    arrays, tensors = list(device_arrays(problem)), [to_tensor(a, "cpu") for a in problem.arrays]
+    decode_names = ("q", "k_cache", "v_cache", "page_table", "seq_lens")
+    write_names = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping")
+    merge_names = ("out_a", "lse_a", "out_b", "lse_b")
+    rows = tensors[1][0, :2].clone()
+    writes = [tensors[1], tensors[2], rows, rows, torch.tensor([0, 1], dtype=torch.int32)]
+    out, lse = torch.zeros(4, 8, 64), torch.zeros(4, 8)
+    calls = [
+        (decode_names, arrays, lambda a: jax_decode.decode_attention(*a, backend="xla")),
+        (decode_names, tensors, lambda a: torch_bridge.decode_attention(*a)),
+        (write_names, [jnp.asarray(w.numpy()) for w in writes], lambda a: jax_decode.write_kv(*a, backend="xla")),
+        (write_names, writes, lambda a: torch_bridge.write_kv(*a)),
+        (merge_names, [jnp.asarray(out), jnp.asarray(lse)] * 2, lambda a: jax_decode.merge_attention_states(*a)),
+        (merge_names, [out, lse] * 2, lambda a: torch_bridge.merge_attention_states(*a)),
+    ]
+    for names, args, call in calls:
+        if position >= len(names) or (bad is None and names[position] in ("v_cache", "v_new")):
+            continue
+        args = list(args)
+        args[position] = bad
+        with pytest.raises(TypeError, match=f"^{names[position]} must be a"):
+            call(args)
 
 
 def test_vllm_drop_in_needs_the_split_count_its_scratch_holds():

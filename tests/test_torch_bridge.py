@@ -107,6 +107,7 @@ COMPILE_OPTIONS = {
 
 @pytest.mark.parametrize("options", list(COMPILE_OPTIONS))
 def test_torch_compile_fullgraph(options):
+    torch._dynamo.reset()  # each option set traced afresh (the layer's code object is shared)
     problem = GQA4.problem()
     tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
     kwargs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in COMPILE_OPTIONS[options].items()}
@@ -122,20 +123,64 @@ def test_torch_compile_fullgraph(options):
 
 @pytest.mark.parametrize(
     "options, error",
-    [(dict(sm_scale=-1.0), ValueError), (dict(sm_scale=True), TypeError), (dict(logit_cap=float("nan")), ValueError)],
+    [
+        (dict(sm_scale=-1.0), ValueError),
+        (dict(logit_cap=float("nan")), ValueError),
+        (dict(k_scale=float("nan")), ValueError),
+        (dict(v_scale=-1.0), ValueError),
+        (dict(k_scale=1e39), ValueError),
+        (dict(window_left=-2), ValueError),
+        (dict(sm_scale=True), TypeError),
+        (dict(window_left=2.0), TypeError),
+    ],
 )
-def test_torch_compile_refuses_bad_float_options_by_name(options, error):
-    """Compiled, the float options' values are checked when the op runs (they may be
-    symbolic while tracing), with the eager call's error; a wrong type is refused while
-    tracing, where torch.compile(fullgraph=True) reports it inside its Unsupported."""
+def test_torch_compile_refuses_bad_options_by_name(options, error):
+    """Compiled, values are checked by the op when it runs (they may be symbolic while
+    tracing), with the eager call's ValueError; a wrong type is refused while tracing,
+    which torch.compile(fullgraph=True) reports inside its Unsupported."""
     tensors = [to_tensor(a, DEVICE) for a in GQA4.problem().arrays]
-    torch._dynamo.reset()  # a fresh trace: not one where an earlier float made sm_scale symbolic
+    torch._dynamo.reset()
     compiled = torch.compile(lambda *a: torch_bridge.decode_attention(*a, **options), fullgraph=True,
                              backend="aot_eager")  # fmt: skip
-    with pytest.raises(
-        (error, torch._dynamo.exc.Unsupported), match=f"{error.__name__}.*{next(iter(options))}|^{next(iter(options))}"
-    ):
+    name = next(iter(options))
+    with pytest.raises((error, torch._dynamo.exc.Unsupported), match=f"{error.__name__}.*{name}|^{name}"):
         compiled(*tensors)
+
+
+def test_torch_compile_follows_batch_window_and_scale_changes():
+    """One compiled function over calls whose batch, window and scales change (the plan
+    is made when the op runs, so symbolic shapes and options are fine), and with
+    dynamic=True: bit-identical to eager every time."""
+    problem = GQA4.problem()
+    q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
+    torch._dynamo.reset()
+
+    def layer(q, k, v, pt, sl, window_left, sm_scale):
+        return torch_bridge.decode_attention(q, k, v, pt, sl, window_left=window_left, sm_scale=sm_scale)
+
+    for dynamic in (None, True):
+        compiled = torch.compile(layer, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+        for rows, window, scale in [(4, None, 0.1), (2, 7, 0.2), (3, 3, 0.3), (1, 5, 0.1)]:
+            args = (q[:rows], k, v, pt[:rows], sl[:rows], window, scale)
+            torch.testing.assert_close(compiled(*args), layer(*args), atol=0, rtol=0)
+
+
+def test_torch_compile_of_the_vllm_drop_in_refuses_wrong_types():
+    problem = GQA4.problem()
+    q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
+    o = torch.empty(q.shape[0], q.shape[1], v.shape[-1], device=DEVICE)
+    logits = torch.empty(q.shape[0], q.shape[1], 2, v.shape[-1] + 1, device=DEVICE)
+    torch._dynamo.reset()
+
+    def fwd(sm_scale):
+        torch_bridge.decode_attention_fwd(q, k, v, o, pt, sl, logits, 2, sm_scale, page_size=k.shape[1])
+        return o
+
+    compiled = torch.compile(fwd, fullgraph=True, backend="aot_eager")
+    for bad in (True, "0.5"):
+        with pytest.raises((TypeError, torch._dynamo.exc.Unsupported), match="sm_scale must be a Python float"):
+            compiled(bad)
+    torch.testing.assert_close(compiled(0.3).clone(), fwd(0.3).clone(), atol=0, rtol=0)
 
 
 @pytest.mark.gpu

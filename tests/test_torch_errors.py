@@ -63,7 +63,7 @@ def test_non_contiguous_last_dim():
 
 
 def test_wrong_out():
-    with pytest.raises(ValueError, match=r"out must be torch.float16 of shape \(2, 8, 64\), got torch.float32"):
+    with pytest.raises(ValueError, match=r"out must be float16 of shape \(2, 8, 64\), got float32"):
         torch_bridge.decode_attention(**tensors(), out=torch.zeros(2, 8, 64))
 
 

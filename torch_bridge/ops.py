@@ -23,6 +23,7 @@ from jax_decode.launch import DeviceInfo, LaunchConfig, check_cache_dtype_on_dev
 from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.operands import DecodeOperands, specs
 from jax_decode.validation import (
+    check_arrays,
     check_decode_args,
     check_index_values,
     check_num_kv_splits,
@@ -84,20 +85,6 @@ def _plan(ops: DecodeOperands, head_dim_v, sm_scale, logit_cap, window_left, num
         return _plan_uncached(*args)  # an unhashable option: let the checks name it
 
 
-def _value_checked_by_op(value, placeholder):
-    """What the planner sees of sm_scale / logit_cap: the value, or under torch.compile,
-    for a number, ``placeholder``.
-
-    Compiled, a float that changed between calls becomes a symbolic graph input whose
-    value cannot be tested while tracing.  These two do not change the launch's shape,
-    so the launch is planned without them and the op checks and uses the values when it
-    runs; a wrong type (a bool, a string) is still refused here, while tracing.
-    """
-    if not torch.compiler.is_compiling() or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return value
-    return placeholder
-
-
 def _split_scratch(scratch: torch.Tensor, config: LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(mid_o, mid_lse) views of the scratch buffer, in either layout."""
     dv = config.problem.head_dim_v
@@ -119,8 +106,6 @@ def _float_input(name: str, value, like: torch.Tensor, *, scalar_ok: bool = True
     if value is None:
         return None
     if is_float_scalar(name, value, scalar_ok=scalar_ok):
-        if torch.compiler.is_compiling():  # (possibly symbolic: the kernels read it as given)
-            return torch.full((1,), float(value), dtype=torch.float32, device=like.device)
         check_scale_value(name, value)
         key = (float(value), like.device)
         if key not in _SCALARS:
@@ -273,15 +258,27 @@ def _decode_attention_op(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     sinks: torch.Tensor | None,
-    sm_scale: float,
+    sm_scale: float | None,
     logit_cap: float,
-    head_dim_v: int,
+    head_dim_v: int | None,
     v_from_k: bool | None,
-    window_left: int,
-    num_kv_splits: int,
+    window_left: int | None,
+    num_kv_splits: int | None,
+    k_scale_number: float | None,
+    v_scale_number: float | None,
 ) -> None:
-    """Both entry points under torch.compile.  ``v_from_k`` None: vLLM's buffers, where
-    whether V is K's latent is found from their pointers here, at run time."""
+    """Both entry points under torch.compile, where every value-dependent step runs here,
+    at run time, on concrete values: the checks (the eager call's errors), the plan
+    (shapes and options may be symbolic while tracing) and scales given as numbers.
+
+    ``v_from_k`` None: vLLM's buffers, where whether V is K's latent is found from their
+    pointers here.  An empty ``scratch``: decode_attention's, allocated here once the
+    plan has chosen the splits.
+    """
+    if k_scale_number is not None:
+        k_scale = _float_input("k_scale", k_scale_number, q)
+    if v_scale_number is not None:
+        v_scale = _float_input("v_scale", v_scale_number, q)
     _check_writable("o" if v_from_k is None else "out", out)
     if v_from_k is None:
         _check_writable("attn_logits", scratch)
@@ -291,14 +288,90 @@ def _decode_attention_op(
     else:
         ops = DecodeOperands(q, k_cache, None if v_from_k else v_cache, page_table, seq_lens, k_scale,
                              None if v_from_k else v_scale, sinks)  # fmt: skip
+        _check_tensors(_DECODE_NAMES, (*ops, out))
         config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+        _check_out(out, config)
+        scratch = _scratch(q, config)
     launch_decode(config, _kernel_floats(ops), *_split_scratch(scratch, config), out, lse)
 
 
 @_decode_attention_op.register_fake
 def _(q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch, k_scale, v_scale, sinks, sm_scale, logit_cap,
-      head_dim_v, v_from_k, window_left, num_kv_splits):  # fmt: skip
+      head_dim_v, v_from_k, window_left, num_kv_splits, k_scale_number, v_scale_number):  # fmt: skip
     return None
+
+
+def _scratch(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
+    """Stage 1's partial results for ``config``'s splits, as one float32 buffer."""
+    p = config.problem
+    return q.new_empty(((p.head_dim_v + 1) * p.batch * p.num_heads * config.num_kv_splits,), dtype=torch.float32)
+
+
+def _check_out(out: torch.Tensor, config: LaunchConfig) -> None:
+    p = config.problem
+    expected = (p.batch, p.num_heads, p.head_dim_v)
+    if tuple(out.shape) != expected or dtype_name(out.dtype) != p.dtype:
+        raise ValueError(f"out must be {p.dtype} of shape {expected}, got {dtype_name(out.dtype)} of shape "
+                         f"{tuple(out.shape)}")  # fmt: skip
+    _check_writable("out", out)
+
+
+def _traced_number(name: str, value, *, optional: bool = True):
+    """A float option while torch.compile traces: its type is checked here, its value by
+    the op when it runs (it may be symbolic now)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a Python float{' or None' if optional else ''}, got {type(value).__name__}")
+    return value
+
+
+def _traced_int(name: str, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    return value
+
+
+def _traced_scale(name: str, value):
+    """(tensor, number) of a scale while torch.compile traces: a number goes to the op,
+    which checks it and makes it a tensor when it runs."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value, None
+    return None, _traced_number(name, value, optional=False)
+
+
+def _traced_tensors(names: tuple[str, ...], tensors: tuple) -> None:
+    for name, t in zip(names, tensors, strict=True):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _decode_attention_traced(q, k_cache, v_cache, page_table, seq_lens, *, sm_scale, logit_cap, num_kv_splits,
+                             head_dim_v, return_lse, k_scale, v_scale, sinks, window_left, out,
+                             check_inputs):  # fmt: skip
+    """decode_attention while torch.compile traces: everything the graph needs (types,
+    the outputs' shapes) here, every value-dependent step in the op."""
+    if check_inputs:
+        raise ValueError("check_inputs=True copies page tables to the host: call it eagerly, not under torch.compile")
+    (k_scale, k_number), (v_scale, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
+    for name, t in (("q", q), ("k_cache", k_cache), ("page_table", page_table), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _traced_tensors(("v_cache", "sinks", "out"), (v_cache, sinks, out))
+    head_dim_v = _traced_int("head_dim_v", head_dim_v)
+    if head_dim_v is None and v_cache is None:
+        raise ValueError("v_cache=None needs head_dim_v: V is then k_cache[..., :head_dim_v] (MLA)")
+    dv = head_dim_v if head_dim_v is not None else v_cache.shape[-1]
+    if out is None:
+        out = q.new_empty((q.shape[0], q.shape[1], dv))
+    lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+    torch.ops.jax_decode.decode_attention_(
+        q, k_cache, k_cache if v_cache is None else v_cache, page_table, seq_lens, out, lse,
+        q.new_empty((0,), dtype=torch.float32), k_scale, v_scale, sinks, _traced_number("sm_scale", sm_scale),
+        _traced_number("logit_cap", logit_cap, optional=False), head_dim_v, v_cache is None,
+        _traced_int("window_left", window_left), _traced_int("num_kv_splits", num_kv_splits), k_number, v_number,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
 
 
 # --------------------------------------------------------------------------- entry points
@@ -336,34 +409,30 @@ def decode_attention(
     and ``seq_lens`` first and raises ValueError on a bad one (it copies them to the
     host: eager use only).  Inputs that require grad are refused under grad mode.
     """
+    if torch.compiler.is_compiling():
+        return _decode_attention_traced(
+            q, k_cache, v_cache, page_table, seq_lens, sm_scale=sm_scale, logit_cap=logit_cap,
+            num_kv_splits=num_kv_splits, head_dim_v=head_dim_v, return_lse=return_lse, k_scale=k_scale,
+            v_scale=v_scale, sinks=sinks, window_left=window_left, out=out, check_inputs=check_inputs,
+        )  # fmt: skip
+    check_arrays(dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens),
+                 optional=("v_cache",), array_type=torch.Tensor)  # fmt: skip
     ops = DecodeOperands(
         q, k_cache, v_cache, page_table, seq_lens, _float_input("k_scale", k_scale, q),
         _float_input("v_scale", v_scale, q), _float_input("sinks", sinks, q, scalar_ok=False),
     )  # fmt: skip
     _check_tensors(_DECODE_NAMES, (*ops, out))
     _refuse_grad(_DECODE_NAMES, (*ops, out))
-    config = _plan(ops, head_dim_v, _value_checked_by_op(sm_scale, None), _value_checked_by_op(logit_cap, 0.0),
-                   window_left, num_kv_splits)  # fmt: skip
+    config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
     if check_inputs:
         _check_values(page_table, seq_lens, config)
     p = config.problem
-    expected = (p.batch, p.num_heads, p.head_dim_v)
     if out is None:
-        out = q.new_empty(expected)
-    elif tuple(out.shape) != expected or out.dtype != q.dtype:
-        raise ValueError(f"out must be {q.dtype} of shape {expected}, got {out.dtype} of shape {tuple(out.shape)}")
-    elif not torch.compiler.is_compiling():  # (the op checks it when compiled)
-        _check_writable("out", out)
-    lse = q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
-    scratch = q.new_empty(((p.head_dim_v + 1) * p.batch * p.num_heads * config.num_kv_splits,), dtype=torch.float32)
-    if torch.compiler.is_compiling():
-        torch.ops.jax_decode.decode_attention_(
-            q, k_cache, k_cache if v_cache is None else v_cache, page_table, seq_lens, out, lse, scratch, ops.k_scale,
-            ops.v_scale, ops.sinks, p.sm_scale if sm_scale is None else sm_scale, logit_cap, p.head_dim_v,
-            p.v_from_k, p.window_left, config.num_kv_splits,
-        )  # fmt: skip
+        out = q.new_empty((p.batch, p.num_heads, p.head_dim_v))
     else:
-        launch_decode(config, _kernel_floats(ops), *_split_scratch(scratch, config), out, lse)
+        _check_out(out, config)
+    lse = q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
+    launch_decode(config, _kernel_floats(ops), *_split_scratch(_scratch(q, config), config), out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -403,19 +472,22 @@ def decode_attention_fwd(
     if num_kv_splits is None:  # vLLM's signature: the split count attn_logits was sized for
         raise TypeError("num_kv_splits must be an int (the split count attn_logits holds), got None")
     check_num_kv_splits(num_kv_splits)
+    if torch.compiler.is_compiling():  # planned and checked inside the op, at run time
+        if check_inputs:
+            _check_values(req_to_token, b_seq_len, None)
+        (k_scale, k_number), (v_scale, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
+        _traced_tensors(_FWD_NAMES, (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits))
+        lse = q.new_empty(tuple(q.shape[:2]), dtype=torch.float32)
+        torch.ops.jax_decode.decode_attention_(
+            q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits, k_scale, v_scale, None,
+            _traced_number("sm_scale", sm_scale, optional=False), _traced_number("logit_cap", logit_cap,
+            optional=False), v_buffer.shape[-1], None, None, num_kv_splits, k_number, v_number,
+        )  # fmt: skip
+        return
     k_scale, v_scale = _float_input("k_scale", k_scale, q), _float_input("v_scale", v_scale, q)
     tensors = (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits)
     _check_tensors(_FWD_NAMES, tensors)
     _refuse_grad(_FWD_NAMES, tensors)
-    if torch.compiler.is_compiling():  # planned and checked inside the op, at run time
-        if check_inputs:
-            _check_values(req_to_token, b_seq_len, None)
-        lse = q.new_empty(tuple(q.shape[:2]), dtype=torch.float32)
-        torch.ops.jax_decode.decode_attention_(
-            q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits, k_scale, v_scale, None,
-            float(sm_scale), float(logit_cap), v_buffer.shape[-1], None, -1, num_kv_splits,
-        )  # fmt: skip
-        return
     _check_writable("o", o)
     _check_writable("attn_logits", attn_logits)
     ops = _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale)
@@ -430,6 +502,7 @@ def merge_attention_states(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``jax_decode.merge_attention_states`` for torch tensors (the same definition)."""
+    check_arrays(dict(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b), array_type=torch.Tensor)
     check_merge_args(out_a, lse_a, out_b, lse_b)
     out, lse = merge_states(torch, lambda x: x.float(), out_a, lse_a, out_b, lse_b)
     return out.to(out_a.dtype), lse.float()
@@ -449,6 +522,8 @@ def write_kv(
 
     No host sync and no data-dependent allocation, so it can be captured in a CUDA graph.
     """
+    check_arrays(dict(k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, slot_mapping=slot_mapping),
+                 optional=("v_cache", "v_new"), array_type=torch.Tensor)  # fmt: skip
     k_scale, v_scale = _float_input("k_scale", k_scale, k_new), _float_input("v_scale", v_scale, k_new)
     names = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping", "k_scale", "v_scale")
     tensors = (k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
