@@ -165,6 +165,24 @@ def test_torch_compile_follows_batch_window_and_scale_changes():
             torch.testing.assert_close(compiled(*args), layer(*args), atol=0, rtol=0)
 
 
+def test_torch_compile_of_mla_with_out_and_lse():
+    """The MLA form (v_cache None, head_dim_v) compiled, writing a given out in place."""
+    problem = MLA.problem()
+    q, k, _, pt, sl = (to_tensor(a, DEVICE) if a is not None else None for a in problem.arrays)
+    dv = problem.head_dim_v
+    torch._dynamo.reset()
+
+    def layer(q, k, pt, sl, out):
+        return torch_bridge.decode_attention(q, k, None, pt, sl, head_dim_v=dv, out=out, return_lse=True)
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    out_c, out_e = (torch.empty(q.shape[0], q.shape[1], dv, dtype=q.dtype, device=DEVICE) for _ in range(2))
+    (o_c, lse_c), (o_e, lse_e) = compiled(q, k, pt, sl, out_c), layer(q, k, pt, sl, out_e)
+    assert o_c.data_ptr() == out_c.data_ptr()
+    torch.testing.assert_close(o_c, o_e, atol=0, rtol=0)
+    torch.testing.assert_close(lse_c, lse_e, atol=0, rtol=0)
+
+
 def test_torch_compile_of_the_vllm_drop_in_refuses_wrong_types():
     problem = GQA4.problem()
     q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
