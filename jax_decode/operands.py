@@ -43,11 +43,7 @@ def spec(x) -> Spec | None:
 
 
 def specs(operands: NamedTuple):
-    """The same NamedTuple with each array replaced by its :class:`Spec`; TypeError
-    naming an operand that is not an array (a list, a scalar)."""
-    for name, x in zip(operands._fields, operands, strict=True):
-        if x is not None and not (hasattr(x, "shape") and hasattr(x, "dtype")):
-            raise TypeError(f"{name} must be an array (jax.Array, NumPy or torch tensor), got {type(x).__name__}")
+    """The same NamedTuple with each array replaced by its :class:`Spec`."""
     return type(operands)(*map(spec, operands))
 
 

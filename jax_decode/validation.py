@@ -36,9 +36,6 @@ INT32_MAX = 2**31 - 1
 # CUDA's limit on a grid's second and third axes (stage 2 puts the heads on one).
 MAX_GRID_AXIS = 65535
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-# Positive values at or below this round to 0 in float32 (half the least subnormal, a
-# tie to even): compared in plain Python so torch.compile traces the checks.
-FLOAT32_ROUNDS_TO_ZERO = 2.0**-150
 
 
 def dtype_name(dtype: object) -> str:
@@ -73,7 +70,7 @@ def _check_scalar(name: str, value: object, *, allow_zero: bool) -> float:
     rule = ">= 0" if allow_zero else "> 0"
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} must be finite and {rule}, got {value}")
-    if value > FLOAT32_MAX or (value > 0 and value <= FLOAT32_ROUNDS_TO_ZERO and not allow_zero):
+    if value > FLOAT32_MAX or (value > 0 and np.float32(value) == 0 and not allow_zero):
         raise ValueError(f"{name} must be finite and {rule} in float32, got {value}")
     return value
 

@@ -340,24 +340,16 @@ def _traced_scale(name: str, value):
     return None, _traced_number(name, value, optional=False)
 
 
-def _traced_tensors(names: tuple[str, ...], tensors: tuple) -> None:
-    for name, t in zip(names, tensors, strict=True):
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
 def _decode_attention_traced(q, k_cache, v_cache, page_table, seq_lens, *, sm_scale, logit_cap, num_kv_splits,
                              head_dim_v, return_lse, k_scale, v_scale, sinks, window_left, out,
                              check_inputs):  # fmt: skip
     """decode_attention while torch.compile traces: everything the graph needs (types,
     the outputs' shapes) here, every value-dependent step in the op."""
     if check_inputs:
-        raise ValueError("check_inputs=True copies page tables to the host: call it eagerly, not under torch.compile")
+        _check_values(page_table, seq_lens, None)  # (refuses: it needs the values on the host)
     (k_scale, k_number), (v_scale, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
-    for name, t in (("q", q), ("k_cache", k_cache), ("page_table", page_table), ("seq_lens", seq_lens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    _traced_tensors(("v_cache", "sinks", "out"), (v_cache, sinks, out))
+    check_arrays(dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, sinks=sinks,
+                      out=out), optional=("v_cache", "sinks", "out"), array_type=torch.Tensor)  # fmt: skip
     head_dim_v = _traced_int("head_dim_v", head_dim_v)
     if head_dim_v is None and v_cache is None:
         raise ValueError("v_cache=None needs head_dim_v: V is then k_cache[..., :head_dim_v] (MLA)")
@@ -476,7 +468,9 @@ def decode_attention_fwd(
         if check_inputs:
             _check_values(req_to_token, b_seq_len, None)
         (k_scale, k_number), (v_scale, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
-        _traced_tensors(_FWD_NAMES, (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits))
+        tensors = (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits)
+        check_arrays(dict(zip(_FWD_NAMES, tensors, strict=True)), optional=("k_scale", "v_scale"),
+                     array_type=torch.Tensor)  # fmt: skip
         lse = q.new_empty(tuple(q.shape[:2]), dtype=torch.float32)
         torch.ops.jax_decode.decode_attention_(
             q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits, k_scale, v_scale, None,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 from jax_decode.launch.problem import cdiv
 
@@ -104,28 +105,12 @@ def split_time(program: ProgramShape, programs_per_split: int, tokens: float, sp
 TAIL_SIGMA = 1.0
 
 
-def normal_quantile(p: float) -> float:
-    """The standard normal distribution's p-quantile, by bisection on math.erf.
-
-    Plain arithmetic, so torch.compile traces the planner through it (it skips
-    ``statistics.NormalDist``); agrees with ``NormalDist().inv_cdf`` to ~1e-12 here.
-    """
-    lo, hi = -40.0, 40.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
 def tail_mean_fraction(rows: int) -> float:
     """Mean length over the longest of ``rows`` log-normal lengths (TAIL_SIGMA): about
     0.77 for 2 rows, 0.28 for 16, 0.14 for 64."""
     if rows <= 1:
         return 1.0
-    z = normal_quantile(1 - 1 / (rows + 1))  # the longest row's quantile
+    z = statistics.NormalDist().inv_cdf(1 - 1 / (rows + 1))  # the longest row's quantile
     return min(1.0, math.exp(TAIL_SIGMA**2 / 2 - TAIL_SIGMA * z))
 
 
