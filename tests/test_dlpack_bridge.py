@@ -53,6 +53,19 @@ def test_non_contiguous_needs_copy():
     np.testing.assert_array_equal(np.asarray(copied), tensor.cpu().numpy())
 
 
+@pytest.mark.parametrize("kind", ["neg", "conj_imag", "conj"])
+def test_lazily_negated_or_conjugated_views_are_refused_or_resolved(kind):
+    """Their memory holds other values than the tensor: shared as stored they would
+    arrive with the wrong sign, so only copy=True passes them, resolved."""
+    base = torch.tensor([1 + 2j, -3 + 0.5j])
+    tensor = {"neg": torch.tensor([1.0, -2.0])._neg_view(), "conj_imag": base.conj().imag, "conj": base.conj()}[kind]
+    with pytest.raises(ValueError, match="lazily negated or conjugated view"):
+        torch_bridge.to_jax(tensor)
+    np.testing.assert_array_equal(
+        np.asarray(torch_bridge.to_jax(tensor, copy=True)), tensor.resolve_neg().resolve_conj().numpy()
+    )
+
+
 def test_copy_true_does_not_share():
     tensor = torch.ones(8, device=DEVICE)
     assert _pointer(torch_bridge.to_jax(tensor, copy=True)) != tensor.data_ptr()

@@ -18,7 +18,9 @@ def to_jax(tensor: torch.Tensor, *, copy: bool = False) -> jax.Array:
     JAX arrays are dense and row-major, so a non-contiguous tensor cannot be shared:
     that raises ``ValueError`` unless ``copy=True`` asks for a contiguous copy.  A
     64-bit tensor (e.g. torch's default int64) needs JAX's x64 mode: without it JAX
-    would narrow every value to 32 bits, so that raises ``TypeError`` instead.
+    would narrow every value to 32 bits, so that raises ``TypeError`` instead.  A
+    lazily negated or conjugated view (``is_neg()``/``is_conj()``) is refused unless
+    ``copy=True``, which resolves it.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
@@ -28,6 +30,16 @@ def to_jax(tensor: torch.Tensor, *, copy: bool = False) -> jax.Array:
             "32 bits; cast it first (e.g. .to(torch.int32) for page tables and lengths) or enable "
             'jax.config.update("jax_enable_x64", True)'
         )
+    if tensor.is_neg() or tensor.is_conj():
+        # A lazy negation or conjugation lives in the tensor's flags, not its memory:
+        # shared as stored, the values would arrive with the wrong sign.
+        if not copy:
+            raise ValueError(
+                "tensor is a lazily negated or conjugated view (is_neg() / is_conj()): its memory holds other "
+                "values, so it cannot be shared with JAX without a copy; pass copy=True or call .resolve_neg() / "
+                ".resolve_conj()"
+            )
+        tensor = tensor.resolve_neg().resolve_conj()
     if not tensor.is_contiguous():
         if not copy:
             raise ValueError(
