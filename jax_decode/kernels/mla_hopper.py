@@ -1,0 +1,275 @@
+"""Stage 1 of MLA decode attention for Hopper (sm_90), written in Gluon.
+
+Imports only ``triton``.  Dimension names as in :mod:`jax_decode.kernels.decode`::
+
+    batch, num_heads, head_dim_qk (576 = 512 latent + 64 rope), head_dim_v (512),
+    num_pages, page_size, max_pages, num_kv_splits
+
+DeepSeek-V3 MLA decode is compute-bound: 128 query heads share one latent KV head,
+so every K tile read from memory feeds 2 * 128 * (576 + 512) FLOPs per token.  The
+portable ``tl.dot`` kernel cannot keep a [64, 512] fp32 accumulator and a pipeline in
+registers at once; this kernel states the schedule explicitly.
+
+Design (one program = 64 query heads x one KV split of one batch row; 8 warps = two
+warpgroups; grid ``(cdiv(num_heads, 64), batch, num_kv_splits)``):
+
+* shared memory: Q ``[64, 576]`` bf16 loaded once by TMA; a ring of ``NUM_STAGES``
+  K tiles ``[64 tokens, 576]`` (one page of 64 tokens, or 64 contiguous tokens of a
+  larger page) loaded by TMA from a 2-D descriptor over the cache viewed as
+  ``[num_pages * page_size, 576]``, each stage with its own mbarrier; P ``[64, 64]``
+  bf16.  2 stages: 72 + 144 + 8 KB.
+* S = Q K^T by ``warpgroup_mma`` with the warps laid out [4, 2]: warpgroup w computes
+  the scores of tokens 32w..32w+31 of the tile (M=64, N=32, K=576).  The row maximum
+  of the online softmax is the only cross-warpgroup reduction per tile; row sums are
+  kept per element and reduced once at the end.
+* P = exp2(S - m) goes to shared memory in bf16 (fence + barrier), then
+  O = O * alpha + P V with the same [4, 2] warps: warpgroup w owns output columns
+  256w..256w+255 (M=64, N=256, K=64; 128 fp32 registers a thread).  V is the first
+  512 columns of the K tile already in shared memory (no second read, no copy).
+* pipelining (``PIPELINE``): the P V product of tile i and the Q K^T product of tile
+  i + 1 are issued back to back, asynchronously; the stage of tile i - 1 is refilled
+  by TMA as soon as its P V product has retired, so the copy of tile i + 1 overlaps
+  the softmax and products of tile i.
+
+Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
+unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per
+split and ``mid_lse`` f32 ``[batch, num_heads, num_kv_splits]`` (natural log); a split
+with no valid token writes zeros and ``-inf``.
+
+Safety rules (as in :mod:`jax_decode.kernels.common`): ``seq_len`` is clamped to
+``[0, CAPACITY]``; a tile whose page id lies outside ``[0, num_pages)`` is loaded from
+page 0 and masked out entirely; the rows of a tile past ``seq_len`` (and the rows of
+an invalid page) are zeroed in shared memory before the products, so garbage (even
+NaN) in unused cache slots cannot leak through ``0 * NaN``.  Addresses of K rows are
+formed by the TMA unit from the descriptor (64-bit base and strides); the page id
+times page size is a 32-bit TMA coordinate, valid for caches of up to 2**31 token
+rows.  Batch indices are widened to int64 before they multiply strides.
+
+Splits: ``seq_len`` is cut into ``NUM_KV_SPLITS`` contiguous parts of whole 64-token
+tiles (the ``split_bounds`` rule with ``BLOCK_N = 64``); stage 2 needs only each
+split's normalised output and LSE.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# Triton 3.6 calls the TMA load async_copy_global_to_shared; later versions async_load.
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+
+BLOCK_H = 64  # query heads per program (wgmma M)
+BLOCK_N = 64  # tokens per K tile
+HEAD_DIM_QK = 576
+HEAD_DIM_V = 512
+NUM_WARPS = 8
+
+
+@gluon.jit
+def _zero_invalid_rows(k_tile, tile_start, end, page_ok, layout: gl.constexpr):
+    """Zero the rows of a landed K tile that are past ``end`` (or all, for a bad page)."""
+    rows = tile_start + gl.arange(0, k_tile.shape[0], layout=gl.SliceLayout(1, layout))
+    keep = (rows < end) & page_ok
+    for c in gl.static_range(k_tile.shape[1] // 64):
+        chunk = k_tile.slice(c * 64, 64, dim=1)
+        x = chunk.load(layout)
+        chunk.store(gl.where(keep[:, None], x, gl.zeros_like(x)))
+
+
+@gluon.jit
+def _tile_page(page_row_ptr, tile_start, num_pages, PAGE_SIZE: gl.constexpr):
+    """TMA row of a tile's first token (page 0 when the page id is invalid) and validity."""
+    page = gl.load(page_row_ptr + tile_start // PAGE_SIZE)
+    page_ok = (page >= 0) & (page < num_pages)
+    page = gl.where(page_ok, page, 0)
+    return page * PAGE_SIZE + tile_start % PAGE_SIZE, page_ok
+
+
+@gluon.jit
+def _wait_tile(k_lat, k_rope, bar, phase, tile_start, end, page_row_ptr, num_pages, pred, layout: gl.constexpr,
+               PAGE_SIZE: gl.constexpr):
+    """Wait for a K tile to land; zero its rows past ``end`` (all rows for a bad page)."""
+    mbarrier.wait(bar, phase, pred=pred)
+    _, page_ok = _tile_page(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
+    if pred & ((tile_start + k_lat.shape[0] > end) | (~page_ok)):
+        _zero_invalid_rows(k_lat, tile_start, end, page_ok, layout)
+        _zero_invalid_rows(k_rope, tile_start, end, page_ok, layout)
+        fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _load_tile(k_desc, kr_desc, k_lat, k_rope, bar, page_row_ptr, tile_start, num_pages, pred,
+               PAGE_SIZE: gl.constexpr):
+    """Start the TMA copies of one K tile (latent and rope parts) into one ring stage."""
+    row, _ = _tile_page(page_row_ptr, gl.where(pred, tile_start, 0), num_pages, PAGE_SIZE)
+    mbarrier.expect(bar, k_desc.block_type.nbytes + kr_desc.block_type.nbytes, pred=pred)
+    _tma_load(k_desc, [row, 0], bar, k_lat, pred=pred)
+    _tma_load(kr_desc, [row, 0], bar, k_rope, pred=pred)
+
+
+@gluon.jit
+def _mla_stage1_hopper(
+    q_desc,  # TMA over q[..., :512] viewed as [batch * num_heads, 512], block [64, 512]
+    qr_desc,  # TMA over q[..., 512:] viewed as [batch * num_heads, 64], block [64, 64]
+    k_desc,  # TMA over the cache's latent [num_pages * page_size, 512] (row stride 576), block [64, 512]
+    kr_desc,  # TMA over the cache's rope part [num_pages * page_size, 64] (row stride 576), block [64, 64]
+    page_table_ptr,  # int32 [batch, max_pages]
+    seq_lens_ptr,  # int32 [batch]
+    num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
+    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
+    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
+    STRIDE_PTB: gl.constexpr,
+    STRIDE_MOB: gl.constexpr,
+    STRIDE_MOH: gl.constexpr,
+    STRIDE_MOS: gl.constexpr,
+    STRIDE_MLB: gl.constexpr,
+    STRIDE_MLH: gl.constexpr,
+    STRIDE_MLS: gl.constexpr,
+    SM_SCALE: gl.constexpr,
+    NUM_HEADS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    CAPACITY: gl.constexpr,
+    NUM_KV_SPLITS: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    PIPELINE: gl.constexpr,  # 1: the next tile's Q K^T runs on the tensor cores during this tile's softmax
+):
+    BLOCK_H: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM_V: gl.constexpr = q_desc.block_type.shape[1]
+    DPE: gl.constexpr = qr_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    gl.static_assert(BLOCK_H == 64, "one wgmma M block of heads")
+    gl.static_assert(BLOCK_N == 64, "64-token K tiles")
+    gl.static_assert(HEAD_DIM_V == 512, "MLA latent width")
+    gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "a K tile must lie inside one page")
+    gl.static_assert(gl.num_warps() == 8, "two warpgroups")
+
+    # Scores: warpgroup w holds tokens 32w..32w+31; output: warpgroup w holds columns 256w...
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, 256, 16])
+    zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+
+    head_block = gl.program_id(0)
+    batch_idx = gl.program_id(1).to(gl.int64)
+    split_idx = gl.program_id(2)
+
+    seq_len = gl.load(seq_lens_ptr + batch_idx)
+    seq_len = gl.minimum(gl.maximum(seq_len, 0), CAPACITY)
+    per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
+    start = split_idx * per_split
+    end = gl.minimum(start + per_split, seq_len)
+    num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+
+    q_lat = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    q_rope = gl.allocate_shared_memory(qr_desc.dtype, qr_desc.block_type.shape, qr_desc.layout)
+    k_lat = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM_V], k_desc.layout)
+    k_rope = gl.allocate_shared_memory(kr_desc.dtype, [NUM_STAGES, BLOCK_N, DPE], kr_desc.layout)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for st in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_bars.index(st), count=1)
+    fence_async_shared()
+
+    # Q rows of this head block (rows past this batch row's heads are other rows'
+    # queries, or zeros past the end: computed, never stored).
+    q_row = (batch_idx * NUM_HEADS).to(gl.int32) + head_block * BLOCK_H
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+    _tma_load(q_desc, [q_row, 0], q_bar, q_lat)
+    _tma_load(qr_desc, [q_row, 0], q_bar, q_rope)
+    for st in gl.static_range(NUM_STAGES):
+        _load_tile(k_desc, kr_desc, k_lat.index(st), k_rope.index(st), k_bars.index(st), page_row_ptr,
+                   start + st * BLOCK_N, num_pages, st < num_tiles, PAGE_SIZE)
+
+    qk_scale = SM_SCALE * LOG2E
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=s_rows)
+    l_acc = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+    acc = gl.zeros([BLOCK_H, HEAD_DIM_V], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+
+    mbarrier.wait(q_bar, 0)
+    if PIPELINE:
+        # Scores of tile 0 ahead of the loop; the loop issues tile i + 1's before tile i's softmax.
+        _wait_tile(k_lat.index(0), k_rope.index(0), k_bars.index(0), 0, start, end, page_row_ptr, num_pages,
+                   num_tiles > 0, zero_layout, PAGE_SIZE)
+        s_next = warpgroup_mma(q_lat, k_lat.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_next = warpgroup_mma(q_rope, k_rope.index(0).permute((1, 0)), s_next, is_async=True)
+        s_next = warpgroup_mma_wait(0, deps=(s_next, ))
+    for i in range(num_tiles):
+        stage = i % NUM_STAGES
+        tile_start = start + i * BLOCK_N
+        _, page_ok = _tile_page(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
+        if PIPELINE:
+            s = s_next
+            nstage = (i + 1) % NUM_STAGES
+            has_next = i + 1 < num_tiles
+            _wait_tile(k_lat.index(nstage), k_rope.index(nstage), k_bars.index(nstage), ((i + 1) // NUM_STAGES) & 1,
+                       tile_start + BLOCK_N, end, page_row_ptr, num_pages, has_next, zero_layout, PAGE_SIZE)
+            # With no next tile this multiplies a stale (never refilled) stage; the result is dropped.
+            s_next = warpgroup_mma(q_lat, k_lat.index(nstage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_next = warpgroup_mma(q_rope, k_rope.index(nstage).permute((1, 0)), s_next, is_async=True)
+        else:
+            _wait_tile(k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), (i // NUM_STAGES) & 1,
+                       tile_start, end, page_row_ptr, num_pages, True, zero_layout, PAGE_SIZE)
+            s = warpgroup_mma(q_lat, k_lat.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+
+        valid = ((tile_start + offs_n) < end) & page_ok
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[:, None])
+        l_acc = l_acc * alpha[:, None] + p
+        m_i = m_new
+
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        acc = warpgroup_mma(p_smem, k_lat.index(stage), acc, is_async=True)
+        if PIPELINE:
+            s_next, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+        # Both warpgroups are done with this stage (and with P) before it is refilled.
+        gl.thread_barrier()
+        _load_tile(k_desc, kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), page_row_ptr,
+                   start + (i + NUM_STAGES) * BLOCK_N, num_pages, i + NUM_STAGES < num_tiles, PAGE_SIZE)
+
+    mbarrier.invalidate(q_bar)
+    for st in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_bars.index(st))
+
+    l_i = gl.sum(l_acc, 1)
+    has_tokens = l_i > 0
+    l_safe = gl.where(has_tokens, l_i, 1.0)
+    lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+    o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+
+    heads_o = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+    cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
+    mo_rows = batch_idx * STRIDE_MOB + heads_o.to(gl.int64) * STRIDE_MOH + split_idx * STRIDE_MOS
+    gl.store(mid_o_ptr + mo_rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
+    heads_s = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=s_rows)
+    lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads_s * STRIDE_MLH + split_idx * STRIDE_MLS
+    gl.store(lse_ptrs, lse, mask=heads_s < NUM_HEADS)
