@@ -13,14 +13,10 @@ import statistics
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from jax_decode.api import decode_attention
-from jax_decode.backends import BACKENDS
-from jax_decode.reference import decode_attention_reference
-from jax_decode.synthetic import make_paged_problem
+# JAX and the kernels are imported after the arguments are parsed: ``--help`` and a bad
+# argument answer at once, and JAX imports through jax_decode._quiet.
+BACKENDS = ("auto", "triton", "xla", "interpret")  # jax_decode.backends.BACKENDS, held equal by a test
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 # Worst |error| accepted per dtype (outputs are O(1)); the tests hold the tight ones.
 MAX_ERROR = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
@@ -60,6 +56,8 @@ def _progress(message: str) -> None:
 
 
 def _time_ms(fn, args, repeats: int) -> float:
+    import jax
+
     jax.block_until_ready(fn(*args))  # compile and warm up
     times = []
     for _ in range(repeats):
@@ -70,6 +68,14 @@ def _time_ms(fn, args, repeats: int) -> float:
 
 
 def run_shape(shape: Shape, backend: str, dtype: str, on_gpu: bool, repeats: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_decode.api import decode_attention
+    from jax_decode.reference import decode_attention_reference
+    from jax_decode.synthetic import make_paged_problem
+
     # Lengths vary around the context so rows are not all alike.
     lengths = np.linspace(shape.context // 2, shape.context, shape.batch).astype(np.int32)
     problem = make_paged_problem(
@@ -111,21 +117,67 @@ def _format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (the time is the median of that many calls), got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m jax_decode", description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=BACKENDS, default="auto")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per shape (median)")
+    parser.add_argument("--repeats", type=_positive_int, default=20, help="timed calls per shape (median; >= 1)")
     parser.add_argument("--quick", action="store_true", help="small shapes, few repeats (a smoke test)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    on_gpu = any(d.platform in ("gpu", "cuda", "rocm") for d in jax.devices())
+
+def _why_unusable(backend: str, platform: str) -> str | None:
+    """Why ``backend`` cannot run here, in one line (a known user error), or None."""
+    if backend == "triton":
+        if platform not in GPU_PLATFORMS:
+            return (
+                f"--backend triton runs the Triton kernels on a CUDA GPU, and JAX has none here (platform {platform}); "
+                "use --backend xla, or leave --backend out (triton on a GPU, xla elsewhere)"
+            )
+        from jax_decode.backends import triton as triton_backend
+
+        why = triton_backend.why_unusable(triton_backend.target_device())
+        return None if why is None else f"--backend triton {why}"
+    if backend == "interpret":
+        from jax_decode.backends.interpret import require_torch
+
+        try:
+            require_torch()
+        except ImportError as error:
+            return f"--backend interpret: {error}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from jax_decode._quiet import import_jax
+
+    jax = import_jax()
+    platform = jax.devices()[0].platform
+    unusable = _why_unusable(args.backend, platform)
+    if unusable is not None:
+        print(f"python -m jax_decode: error: {unusable}", file=sys.stderr)
+        return 2
+
+    on_gpu = platform in GPU_PLATFORMS
     shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
     if args.quick:
         shapes = tuple(dataclasses.replace(s, batch=min(s.batch, 2), context=min(s.context, 128)) for s in shapes)
         args.repeats = min(args.repeats, 3)
     backend = args.backend
-    label = backend if backend != "auto" else ("triton" if on_gpu else "xla")
+    label = backend
+    if backend == "auto":  # as jax_decode.backends.dispatch chooses
+        label = "triton" if on_gpu and _why_unusable("triton", platform) is None else "xla"
     _progress(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; backend {label}")
 
     rows = []
