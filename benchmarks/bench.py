@@ -10,6 +10,8 @@ Measures, in one run: the copy bandwidth and the bf16 matmul throughput of the G
 * ``vllm``: vLLM 0.9's ``decode_attention_fwd`` where it imports
   (``vllm.attention.ops.triton_decode_attention``) and supports the row, at its best
   ``num_kv_splits`` of :data:`VLLM_SPLITS`;
+* ``flashmla``: FlashMLA (``flash_mla``, e.g. ``sgl-flash-mla``; SM90 dense bf16 MLA,
+  576/512, page size 64) on the MLA rows it supports, where it imports;
 * ``pallas`` (JAX's GPU ``paged_attention``) and ``xla`` where asked for.
 
 Every output is checked against the float64 oracle (on two rows) before it is timed; a
@@ -39,8 +41,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch
 
 from benchmarks.suites import SUITES, Row  # noqa: E402
 
-IMPLEMENTATIONS = ("torch_bridge", "best split", "jax_decode", "vllm", "pallas", "xla")
-DEFAULT_IMPLS = ("torch_bridge", "best split", "jax_decode", "vllm")
+IMPLEMENTATIONS = ("torch_bridge", "best split", "jax_decode", "vllm", "flashmla", "pallas", "xla")
+DEFAULT_IMPLS = ("torch_bridge", "best split", "jax_decode", "vllm", "flashmla")
 SPLIT_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 VLLM_SPLITS = (2, 4, 8, 16, 32, 64)
 CHECKED_ROWS = 2
@@ -90,6 +92,16 @@ def summarize(results: list[dict]) -> dict:
             per_impl["torch_vs_vllm_best"] = dict(
                 rows=len(vs_vllm), worst=max(vs_vllm), no_slower=sum(x <= 1.0 for x in vs_vllm)
             )
+        vs_flashmla = [
+            r["impls"]["flashmla"]["ms"] / r["impls"]["torch_bridge"]["ms"]
+            for r in rows
+            if r["impls"].get("torch_bridge", {}).get("ms") and r["impls"].get("flashmla", {}).get("ms")
+        ]
+        if vs_flashmla:  # our speed as a fraction of FlashMLA's (its time over ours)
+            per_impl["torch_speed_vs_flashmla"] = dict(
+                rows=len(vs_flashmla), worst=min(vs_flashmla), best=max(vs_flashmla),
+                geomean=math.exp(sum(map(math.log, vs_flashmla)) / len(vs_flashmla)),
+            )  # fmt: skip
         summary[suite] = per_impl
     return summary
 
@@ -201,9 +213,41 @@ def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
             impls[name] = ("jax", fn)
     if "vllm" in wanted:
         impls["vllm"] = _vllm(row)
+    if "flashmla" in wanted:
+        impls["flashmla"] = _flashmla(row)
     if "pallas" in wanted:
         impls["pallas"] = _pallas(row)
     return impls
+
+
+def _flashmla(row: Row):
+    """FlashMLA's dense SM90 decode kernel (``use_legacy=True``), on the rows it runs."""
+    supported = (
+        row.mla and (row.head_dim_qk, row.head_dim_v, row.page_size, row.dtype) == (576, 512, 64, "bfloat16")
+        and not (row.kv_dtype or row.logit_cap or row.window_left is not None or row.sinks)
+    )  # fmt: skip
+    if not supported:
+        return ("skip", "unsupported")
+    try:
+        import flash_mla
+    except Exception as error:  # not installed here
+        return ("skip", f"no import: {type(error).__name__}")
+    metadata: dict[int, object] = {}  # per input set: computed once per batch, as a serving step does
+
+    def run(p):
+        q, k, _, pt, sl = p.arrays
+        if id(p) not in metadata:
+            try:
+                metadata[id(p)] = flash_mla.get_mla_metadata()[0]
+            except TypeError:  # the older signature: from the lengths
+                metadata[id(p)] = flash_mla.get_mla_metadata(sl, row.num_heads // row.num_kv_heads, row.num_kv_heads)
+        out, _ = flash_mla.flash_mla_with_kvcache(
+            q[:, None], k, pt, sl, row.head_dim_v, metadata[id(p)], softmax_scale=row.head_dim_qk**-0.5,
+            causal=False, is_fp8_kvcache=False, use_legacy=True,
+        )  # fmt: skip
+        return out[:, 0]
+
+    return ("torch", run)
 
 
 def _vllm(row: Row):
@@ -333,21 +377,27 @@ def bench_row(row: Row, wanted, ceilings: dict, device_time: bool, sweep: tuple[
     return result
 
 
+def row_problem(row: Row):
+    """The DecodeProblem both frontends build for a benchmark row, from shapes alone
+    (through :func:`jax_decode.prepare.decode_problem`, the checks every call runs)."""
+    from benchmarks.precompile import SpecArrays
+    from jax_decode.operands import DecodeOperands, Spec
+    from jax_decode.prepare import DECODE_NAMES, DecodeOptions, decode_problem
+
+    problem = _problem_for(row, SpecArrays())
+    arrays = (*problem.arrays, problem.k_scale, problem.v_scale, problem.sinks)
+    specs = DecodeOperands(*(None if a is None else Spec(tuple(a.shape), a.dtype) for a in arrays))
+    options = _options(row)
+    return decode_problem(specs, DecodeOptions(options.get("head_dim_v"), None, row.logit_cap, row.window_left),
+                          DECODE_NAMES)  # fmt: skip
+
+
 def _launch_config(row: Row, problem, num_kv_splits: int | None = None):
-    """The launch config torch_bridge plans for ``problem`` (torch tensors)."""
+    """The launch config torch_bridge plans for ``row`` on ``problem``'s device."""
     from jax_decode.launch import make_launch_config
-    from jax_decode.operands import DecodeOperands, specs
-    from jax_decode.validation import check_decode_args
     from torch_bridge.ops import device_info
 
-    extras = problem.extras
-    ops = DecodeOperands(*problem.arrays, extras.get("k_scale"), extras.get("v_scale"), extras.get("sinks"))
-    options = _options(row)
-    checked = check_decode_args(
-        specs(ops), head_dim_v=options.get("head_dim_v"), sm_scale=None, logit_cap=row.logit_cap,
-        window_left=row.window_left,
-    )  # fmt: skip
-    return make_launch_config(checked, device_info(problem.q.device), num_kv_splits)
+    return make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits)
 
 
 def environment() -> dict:

@@ -28,12 +28,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from benchmarks.precompile import SpecArrays
 from benchmarks.suites import SUITES
 from jax_decode.kernels import KERNELS
 from jax_decode.launch import DecodeProblem, DeviceInfo, LaunchConfig, make_launch_config
-from jax_decode.operands import DecodeOperands, Spec
-from jax_decode.validation import check_decode_args
 
 TRITON_TYPES = {
     "float16": "fp16",
@@ -148,14 +145,9 @@ def config_resources(config: LaunchConfig) -> dict:
 
 def row_problem(row) -> DecodeProblem:
     """The problem decode_attention builds for a benchmark row (through the same checks)."""
-    from benchmarks.bench import _options, _problem_for
+    from benchmarks.bench import row_problem as problem_of
 
-    problem = _problem_for(row, SpecArrays())
-    arrays = (*problem.arrays, problem.k_scale, problem.v_scale, problem.sinks)
-    specs = DecodeOperands(*(None if a is None else Spec(a.shape, a.dtype) for a in arrays))
-    options = _options(row)
-    return check_decode_args(specs, head_dim_v=options.get("head_dim_v"), sm_scale=None, logit_cap=row.logit_cap,
-                             window_left=row.window_left)  # fmt: skip
+    return problem_of(row)
 
 
 def main() -> None:

@@ -50,19 +50,15 @@ def _warm_ours(row, splits_list) -> int:
     """Compile stage 1 and stage 2 of ``row`` at each split count (None: the chosen)."""
     import torch
 
-    from benchmarks.bench import _options, _problem_for
+    from benchmarks.bench import _problem_for, row_problem
     from jax_decode import operands
     from jax_decode.kernels import KERNELS
     from jax_decode.launch import DeviceInfo, make_launch_config
-    from jax_decode.operands import DecodeOperands, Spec
-    from jax_decode.validation import check_decode_args
+    from jax_decode.operands import DecodeOperands
 
     problem = _problem_for(row, SpecArrays())
     arrays = DecodeOperands(*problem.arrays, problem.k_scale, problem.v_scale, problem.sinks)
-    specs = DecodeOperands(*(None if a is None else Spec(a.shape, a.dtype) for a in arrays))
-    options = _options(row)
-    checked = check_decode_args(specs, head_dim_v=options.get("head_dim_v"), sm_scale=None,
-                                logit_cap=row.logit_cap, window_left=row.window_left)  # fmt: skip
+    checked = row_problem(row)
     props = torch.cuda.get_device_properties(0)
     device = DeviceInfo("nvidia", props.major * 10 + props.minor, props.multi_processor_count)
     dtypes = DecodeOperands(*(None if a is None else _torch_dtype(a.dtype) for a in arrays))

@@ -13,29 +13,23 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
-from typing import NamedTuple
 
 import jax
 import jax.custom_batching
 import jax.numpy as jnp
 import numpy as np
 
-from jax_decode.arrays import float_operand, scale_operand, without_gradient
+from jax_decode.arrays import JAX, without_gradient
 from jax_decode.backends import Backend, check_backend, dispatch
 from jax_decode.backends import interpret as interpret_backend
 from jax_decode.backends import triton as triton_backend
 from jax_decode.backends import xla as xla_backend
 from jax_decode.launch import DeviceInfo, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
-from jax_decode.operands import ROW_OPERANDS, DecodeOperands, specs
+from jax_decode.operands import ROW_OPERANDS, DecodeOperands
+from jax_decode.prepare import DecodeOptions, prepare_decode
 from jax_decode.sharding import sharded_decode
-from jax_decode.validation import (
-    BadIndexValues,
-    check_arrays,
-    check_decode_args,
-    check_index_values,
-    check_num_kv_splits,
-)
+from jax_decode.validation import BadIndexValues, check_flag, check_index_values
 
 
 def decode_attention(
@@ -101,44 +95,19 @@ def decode_attention(
       also ``lse`` float32 ``[batch, num_heads]``.
     """
     check_backend(backend)
-    check_arrays(dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens),
-                 optional=("v_cache",))  # fmt: skip
-    given = DecodeOperands(
-        q, k_cache, v_cache, page_table, seq_lens, float_operand("k_scale", k_scale),
-        float_operand("v_scale", v_scale), float_operand("sinks", sinks, scalar_ok=False),
-    )  # fmt: skip
-    options = _Options(head_dim_v, sm_scale, logit_cap, window_left, check_num_kv_splits(num_kv_splits), backend)
-    out, lse = _decode(given, options, check_inputs)
+    check_flag("return_lse", return_lse)
+    check_flag("check_inputs", check_inputs)
+    given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
+    options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+    out, lse = _decode(given, options, backend, check_inputs)
     return (out, lse) if return_lse else out
 
 
-class _Options(NamedTuple):
-    """decode_attention's static options, as given."""
-
-    head_dim_v: int | None
-    sm_scale: float | None
-    logit_cap: float
-    window_left: int | None
-    num_kv_splits: int | None
-    backend: str
-
-
-def _decode(given: DecodeOperands, options: _Options, check_inputs: bool = False):
-    """(out, lse) of decode_attention's operands, checked; jax.vmap folds into the batch."""
-    problem = check_decode_args(
-        specs(given),
-        head_dim_v=options.head_dim_v,
-        sm_scale=options.sm_scale,
-        logit_cap=options.logit_cap,
-        window_left=options.window_left,
-    )
+def _decode(given: DecodeOperands, options: DecodeOptions, backend: str, check_inputs: bool = False):
+    """(out, lse) of decode_attention's arguments, checked; jax.vmap folds into the batch."""
+    problem, ops = prepare_decode(given, options, JAX)
     if check_inputs:
-        given = given._replace(seq_lens=_checked_seq_lens(given.page_table, given.seq_lens, problem))
-    ops = given._replace(
-        k_scale=scale_operand(given.k_scale),
-        v_scale=scale_operand(given.v_scale),
-        sinks=None if given.sinks is None else given.sinks.astype(jnp.float32),
-    )
+        ops = ops._replace(seq_lens=_checked_seq_lens(ops.page_table, ops.seq_lens, problem))
     present = tuple(x is not None for x in ops)
 
     def unflatten(items, absent):
@@ -147,9 +116,9 @@ def _decode(given: DecodeOperands, options: _Options, check_inputs: bool = False
 
     def compute(*arrays):
         def on_device(ops, device_problem):  # one device's shard, or the whole call
-            return _dispatch(ops, device_problem, options.backend, options.num_kv_splits)
+            return _dispatch(ops, device_problem, backend, options.num_kv_splits)
 
-        host_callback = options.backend == "interpret"
+        host_callback = backend == "interpret"
         return sharded_decode(unflatten(arrays, None), problem, on_device, host_callback=host_callback)
 
     def fold_vmapped_axis(axis_size, in_batched, *arrays):
@@ -168,7 +137,7 @@ def _decode(given: DecodeOperands, options: _Options, check_inputs: bool = False
             return x.reshape(-1, *x.shape[2:])
 
         rows = full._replace(**{name: folded(name) for name in ROW_OPERANDS})
-        out, lse = _decode(rows, options)
+        out, lse = _decode(rows, options, backend)
         return (out.reshape(axis_size, -1, *out.shape[1:]), lse.reshape(axis_size, -1, lse.shape[-1])), (True, True)
 
     # triton_call has no batching rule: under jax.vmap, fold the mapped axis into the
@@ -234,7 +203,9 @@ def _checked_seq_lens(page_table, seq_lens, problem):
         check(page_table, seq_lens)
         return np.asarray(seq_lens)
 
-    return jax.pure_callback(checked, jax.ShapeDtypeStruct(seq_lens.shape, seq_lens.dtype), page_table, seq_lens)
+    # Under jax.vmap the check runs once per mapped element, on that element's arrays.
+    result_type = jax.ShapeDtypeStruct(seq_lens.shape, seq_lens.dtype)
+    return jax.pure_callback(checked, result_type, page_table, seq_lens, vmap_method="sequential")
 
 
 def _dispatch(ops: DecodeOperands, problem, backend: str, num_kv_splits: int | None):

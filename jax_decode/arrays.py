@@ -1,29 +1,34 @@
-"""The optional float operands (scales, sinks) as the JAX frontends take and pass them."""
+"""The JAX frontend's arrays: how :mod:`jax_decode.prepare` makes and casts them, and
+the gradient rule of every JAX entry point."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from jax_decode.validation import check_scale_value, is_float_scalar
+from jax_decode.validation import ANY_ARRAY
 
 
-def float_operand(name: str, x, *, scalar_ok: bool = True):
-    """A real scalar becomes a float32 array (a scale of 1 must not be an int32 array);
-    arrays pass through unchanged, for the argument checks to judge."""
-    if x is None:
-        return None
-    if is_float_scalar(name, x, scalar_ok=scalar_ok):
-        check_scale_value(name, x)
-        return jnp.asarray(x, jnp.float32)
-    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        raise TypeError(f"{name} must be an array, a float or None, got {type(x).__name__}")
-    return x
+class JaxFrontend:
+    """:class:`jax_decode.prepare.Frontend` for JAX arrays (and anything array-like)."""
+
+    array_type = None
+    array_kind = ANY_ARRAY
+
+    @staticmethod
+    def scalar(value: float, like):
+        return jnp.asarray(value, jnp.float32)
+
+    @staticmethod
+    def float32(x):
+        return jnp.asarray(x).astype(jnp.float32).reshape(-1)
+
+    @staticmethod
+    def check(named: dict) -> None:
+        """JAX arrays are contiguous and on one device (or sharded): no rule of their own."""
 
 
-def scale_operand(x):
-    """A checked scale (or None) as the kernels read it: float32 ``[1]`` or ``[num_kv_heads]``."""
-    return None if x is None else x.astype(jnp.float32).reshape(-1)
+JAX = JaxFrontend()
 
 
 def without_gradient(fn, what: str):

@@ -8,15 +8,15 @@ first (correct, but a full cache write per step).
 
 from __future__ import annotations
 
-from jax_decode.arrays import float_operand, scale_operand, without_gradient
+from jax_decode.arrays import JAX, without_gradient
 from jax_decode.backends import check_backend, dispatch
 from jax_decode.backends import interpret as interpret_backend
 from jax_decode.backends import triton as triton_backend
 from jax_decode.backends import xla as xla_backend
 from jax_decode.launch import WriteProblem, check_cache_dtype_on_device
-from jax_decode.operands import WriteOperands, specs
+from jax_decode.operands import WriteOperands
+from jax_decode.prepare import prepare_write
 from jax_decode.sharding import sharded_write
-from jax_decode.validation import check_arrays, check_write_kv_args, write_operands
 
 
 def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, k_scale=None, v_scale=None, backend: str = "auto"):
@@ -37,15 +37,8 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, k_scale=None, v_sc
     Returns ``(k_cache, v_cache)`` updated (v_cache None when it was None).
     """
     check_backend(backend)
-    check_arrays(dict(k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, slot_mapping=slot_mapping),
-                 optional=("v_cache", "v_new"))  # fmt: skip
-    k_scale, v_scale = float_operand("k_scale", k_scale), float_operand("v_scale", v_scale)
-    k, v = write_operands(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
-    k_problem, v_problem = check_write_kv_args(specs(k), None if v is None else specs(v))
-    k_out = _write_one(k._replace(scale=scale_operand(k.scale)), k_problem, backend)
-    if v is None:
-        return k_out, None
-    return k_out, _write_one(v._replace(scale=scale_operand(v.scale)), v_problem, backend)
+    k, v = prepare_write(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale, JAX)
+    return _write_one(*k, backend), None if v is None else _write_one(*v, backend)
 
 
 def _write_one(ops: WriteOperands, problem: WriteProblem, backend: str):

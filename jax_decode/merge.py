@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from jax_decode.validation import check_arrays
+from jax_decode.validation import SUPPORTED_DTYPES, check_arrays, dtype_name
 
 
 def merge_states(xp: ModuleType, to_float32, out_a, lse_a, out_b, lse_b):
@@ -30,14 +30,21 @@ def merge_states(xp: ModuleType, to_float32, out_a, lse_a, out_b, lse_b):
     weight_b = xp.exp(lse_b - peak_safe)
     total = weight_a + weight_b
     total_safe = xp.where(empty, 1.0, total)
-    merged = (to_float32(out_a) * weight_a[..., None] + to_float32(out_b) * weight_b[..., None]) / total_safe[..., None]
+    # An empty part's out is never read: it may hold anything, NaN included.
+    part_a = xp.where((lse_a == -float("inf"))[..., None], 0.0, to_float32(out_a) * weight_a[..., None])
+    part_b = xp.where((lse_b == -float("inf"))[..., None], 0.0, to_float32(out_b) * weight_b[..., None])
+    merged = (part_a + part_b) / total_safe[..., None]
     lse = xp.where(empty, -float("inf"), peak_safe + xp.log(total_safe))
     return merged, lse
 
 
 def check_merge_args(out_a, lse_a, out_b, lse_b) -> None:
-    """Shapes must agree: out [..., head_dim_v], lse [...] (the leading dims of out)."""
+    """Floating dtypes; shapes must agree: out [..., head_dim_v], lse [...] (the leading
+    dims of out)."""
     check_arrays(dict(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b))
+    for name, x in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        if dtype_name(x.dtype) not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {dtype_name(x.dtype)}")
     if tuple(out_a.shape) != tuple(out_b.shape):
         raise ValueError(f"out_a shape {tuple(out_a.shape)} must equal out_b shape {tuple(out_b.shape)}")
     for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):

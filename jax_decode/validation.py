@@ -61,11 +61,40 @@ def _check_index_dtype(name: str, dtype: str) -> None:
         raise TypeError(f"{name} must be int32, got {dtype}; cast it with .astype(int32) / .to(torch.int32)")
 
 
+def check_real_type(name: str, value: object) -> None:
+    """A float option must be a real number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+
+
+def check_int_type(name: str, value: object) -> None:
+    """An int option (or None) must be an int (not a bool)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+
+
+def check_flag(name: str, value: object) -> None:
+    """A bool option must be a bool (a string would be truthy)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def check_option_types(*, sm_scale: object, logit_cap: object, head_dim_v: object, window_left: object,
+                       num_kv_splits: object) -> None:  # fmt: skip
+    """The types of decode_attention's options (their values are checked with the shapes);
+    what torch.compile checks while tracing, with the eager call's messages."""
+    if sm_scale is not None:
+        check_real_type("sm_scale", sm_scale)
+    check_real_type("logit_cap", logit_cap)
+    check_int_type("head_dim_v", head_dim_v)
+    check_int_type("window_left", window_left)
+    check_int_type("num_kv_splits", num_kv_splits)
+
+
 def _check_scalar(name: str, value: object, *, allow_zero: bool) -> float:
     """A float option the kernels use in float32: finite and non-negative there (and
     > 0 unless ``allow_zero``), so it can neither overflow to inf nor flush to 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    check_real_type(name, value)
     value = float(value)
     rule = ">= 0" if allow_zero else "> 0"
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
@@ -75,12 +104,14 @@ def _check_scalar(name: str, value: object, *, allow_zero: bool) -> float:
     return value
 
 
-def _check_cache_dtype(name: str, dtype: str, q_dtype: str) -> None:
+def _check_cache_dtype(name: str, dtype: str, q_dtype: str, q_name: str = "q") -> None:
     if dtype in FP8_DTYPES:
         return
     _check_float_dtype(name, dtype)
     if dtype != q_dtype:
-        raise TypeError(f"{name} dtype ({dtype}) must equal q dtype ({q_dtype}) or be one of {', '.join(FP8_DTYPES)}")
+        raise TypeError(
+            f"{name} dtype ({dtype}) must equal {q_name} dtype ({q_dtype}) or be one of {', '.join(FP8_DTYPES)}"
+        )
 
 
 def is_float_scalar(name: str, value: object, *, scalar_ok: bool) -> bool:
@@ -96,19 +127,23 @@ def is_float_scalar(name: str, value: object, *, scalar_ok: bool) -> bool:
     return True
 
 
-def check_arrays(named: dict, *, optional: tuple[str, ...] = (), array_type: type | None = None) -> None:
+ANY_ARRAY = "an array (jax.Array, NumPy or torch tensor)"
+
+
+def check_arrays(
+    named: dict, *, optional: tuple[str, ...] = (), array_type: type | None = None, array_kind: str = ANY_ARRAY
+) -> None:
     """TypeError naming an operand that is missing (None where required) or not an array
-    (a list, a scalar); with ``array_type``, one not of that type (torch's frontend)."""
+    (a list, a scalar); with ``array_type``, one not of that type (torch's frontend,
+    whose ``array_kind`` is "a torch.Tensor")."""
     for name, value in named.items():
         if value is None:
             if name not in optional:
                 raise TypeError(f"{name} must be an array, got None")
         elif array_type is not None and not isinstance(value, array_type):
-            kind = f"{array_type.__module__}.{array_type.__name__}"
-            raise TypeError(f"{name} must be a {kind}, got {type(value).__name__}")
+            raise TypeError(f"{name} must be {array_kind}, got {type(value).__name__}")
         elif not (hasattr(value, "shape") and hasattr(value, "dtype")):
-            kind = "an array (jax.Array, NumPy or torch tensor)"
-            raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+            raise TypeError(f"{name} must be {array_kind}, got {type(value).__name__}")
 
 
 def check_scale_value(name: str, value: float) -> None:
@@ -134,8 +169,7 @@ def check_window_left(window_left: object) -> int:
     """-1 for no window (None or -1), else the window's extent to the left (>= 0)."""
     if window_left is None:
         return -1
-    if isinstance(window_left, bool) or not isinstance(window_left, numbers.Integral):
-        raise TypeError(f"window_left must be an int or None, got {type(window_left).__name__}")
+    check_int_type("window_left", window_left)
     if not -1 <= window_left <= INT32_MAX:
         raise ValueError(f"window_left must be in [0, {INT32_MAX}] (or -1 / None for no window), got {window_left}")
     return int(window_left)
@@ -144,8 +178,7 @@ def check_window_left(window_left: object) -> int:
 def check_num_kv_splits(num_kv_splits: object) -> int | None:
     if num_kv_splits is None:
         return None
-    if isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, numbers.Integral):
-        raise TypeError(f"num_kv_splits must be an int or None, got {type(num_kv_splits).__name__}")
+    check_int_type("num_kv_splits", num_kv_splits)
     if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}] or None, got {num_kv_splits}")
     return int(num_kv_splits)
@@ -158,50 +191,58 @@ def check_decode_args(
     sm_scale: float | None,
     logit_cap: float,
     window_left: object = None,
+    names: DecodeOperands | None = None,
 ) -> DecodeProblem:
     """Validate the arguments of ``decode_attention``; return the static problem.
 
     ``operands`` holds each array's :class:`~jax_decode.operands.Spec` (shape and
-    dtype), None where absent.
+    dtype), None where absent; ``names`` the operands' public names for the messages
+    (default: decode_attention's; vLLM's drop-in calls K ``k_buffer``).
     """
+    n = names or DecodeOperands("q", "k_cache", "v_cache", "page_table", "seq_lens", "k_scale", "v_scale", "sinks")
     q_shape, q_dtype = operands.q
     k_shape, k_dtype = operands.k_cache
     v_shape, v_dtype = (None, None) if operands.v_cache is None else operands.v_cache
     page_table_shape, page_table_dtype = operands.page_table
     seq_lens_shape, seq_lens_dtype = operands.seq_lens
     k_scale, v_scale, sinks = operands.k_scale, operands.v_scale, operands.sinks
-    _check_rank("q", q_shape, 3, "[batch, num_heads, head_dim_qk]")
-    _check_rank("k_cache", k_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_qk]")
+    _check_rank(n.q, q_shape, 3, "[batch, num_heads, head_dim_qk]")
+    _check_rank(n.k_cache, k_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_qk]")
     if v_shape is not None:
-        _check_rank("v_cache", v_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_v]")
-    _check_rank("page_table", page_table_shape, 2, "[batch, max_pages]")
-    _check_rank("seq_lens", seq_lens_shape, 1, "[batch]")
+        _check_rank(n.v_cache, v_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_v]")
+    _check_rank(n.page_table, page_table_shape, 2, "[batch, max_pages]")
+    _check_rank(n.seq_lens, seq_lens_shape, 1, "[batch]")
 
     q_dt, k_dt = dtype_name(q_dtype), dtype_name(k_dtype)
-    _check_float_dtype("q", q_dt)
-    _check_cache_dtype("k_cache", k_dt, q_dt)
+    _check_float_dtype(n.q, q_dt)
+    _check_cache_dtype(n.k_cache, k_dt, q_dt, n.q)
     if v_shape is not None:
         v_dt = dtype_name(v_dtype)
         if v_dt != k_dt:
-            raise TypeError(f"v_cache dtype ({v_dt}) must equal k_cache dtype ({k_dt})")
-    _check_index_dtype("page_table", dtype_name(page_table_dtype))
-    _check_index_dtype("seq_lens", dtype_name(seq_lens_dtype))
+            raise TypeError(f"{n.v_cache} dtype ({v_dt}) must equal {n.k_cache} dtype ({k_dt})")
+    _check_index_dtype(n.page_table, dtype_name(page_table_dtype))
+    _check_index_dtype(n.seq_lens, dtype_name(seq_lens_dtype))
 
     batch, num_heads, head_dim_qk = q_shape
     num_pages, page_size, num_kv_heads, k_head_dim = k_shape
     if batch > MAX_BATCH:
-        raise ValueError(f"q batch ({batch}) must be at most {MAX_BATCH}; split the batch into several calls")
+        raise ValueError(f"{n.q} batch ({batch}) must be at most {MAX_BATCH}; split the batch into several calls")
     if page_table_shape[0] != batch:
-        raise ValueError(f"page_table batch ({page_table_shape[0]}) must equal q batch ({batch})")
+        raise ValueError(f"{n.page_table} batch ({page_table_shape[0]}) must equal {n.q} batch ({batch})")
     if seq_lens_shape[0] != batch:
-        raise ValueError(f"seq_lens batch ({seq_lens_shape[0]}) must equal q batch ({batch})")
+        raise ValueError(f"{n.seq_lens} batch ({seq_lens_shape[0]}) must equal {n.q} batch ({batch})")
     if page_table_shape[1] * k_shape[1] > MAX_TOKENS_PER_ROW:
         raise ValueError(
-            f"page_table width ({page_table_shape[1]}) x page_size ({k_shape[1]}) = "
+            f"{n.page_table} width ({page_table_shape[1]}) x page_size ({k_shape[1]}) = "
             f"{page_table_shape[1] * k_shape[1]} tokens per row must be at most 2**30"
         )
     if num_pages < 1 or page_size < 1:
-        raise ValueError(f"k_cache must hold at least one page of at least one slot, got shape {tuple(k_shape)}")
+        raise ValueError(f"{n.k_cache} must hold at least one page of at least one slot, got shape {tuple(k_shape)}")
+    if num_pages > INT32_MAX:
+        raise ValueError(
+            f"{n.k_cache} num_pages ({num_pages}) must be at most {INT32_MAX}: page ids are int32 "
+            f"(got shape {tuple(k_shape)})"
+        )
     if num_heads < 1 or num_kv_heads < 1:
         raise ValueError(f"num_heads ({num_heads}) and num_kv_heads ({num_kv_heads}) must be >= 1")
     if num_heads > MAX_GRID_AXIS:
@@ -209,27 +250,26 @@ def check_decode_args(
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if k_head_dim != head_dim_qk:
-        raise ValueError(f"k_cache head_dim ({k_head_dim}) must equal q head_dim_qk ({head_dim_qk})")
+        raise ValueError(f"{n.k_cache} head_dim ({k_head_dim}) must equal {n.q} head_dim_qk ({head_dim_qk})")
     if not 1 <= head_dim_qk <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_qk ({head_dim_qk}) must be in [1, {MAX_HEAD_DIM}]")
 
-    if head_dim_v is not None and (isinstance(head_dim_v, bool) or not isinstance(head_dim_v, numbers.Integral)):
-        raise TypeError(f"head_dim_v must be an int or None, got {type(head_dim_v).__name__}")
+    check_int_type("head_dim_v", head_dim_v)
     if v_shape is None:
         if head_dim_v is None:
-            raise ValueError("v_cache=None needs head_dim_v: V is then k_cache[..., :head_dim_v] (MLA)")
+            raise ValueError(f"{n.v_cache}=None needs head_dim_v: V is then {n.k_cache}[..., :head_dim_v] (MLA)")
         if not 1 <= head_dim_v <= head_dim_qk:
             raise ValueError(
-                f"head_dim_v ({head_dim_v}) must be in [1, head_dim_qk ({head_dim_qk})] when v_cache is None"
+                f"head_dim_v ({head_dim_v}) must be in [1, head_dim_qk ({head_dim_qk})] when {n.v_cache} is None"
             )
     else:
         if tuple(v_shape[:3]) != tuple(k_shape[:3]):
             raise ValueError(
-                f"v_cache shape {tuple(v_shape)} must match k_cache shape {tuple(k_shape)} "
+                f"{n.v_cache} shape {tuple(v_shape)} must match {n.k_cache} shape {tuple(k_shape)} "
                 "in [num_pages, page_size, num_kv_heads]"
             )
         if head_dim_v is not None and head_dim_v != v_shape[3]:
-            raise ValueError(f"head_dim_v ({head_dim_v}) must equal v_cache head_dim_v ({v_shape[3]}) or be None")
+            raise ValueError(f"head_dim_v ({head_dim_v}) must equal {n.v_cache} head_dim_v ({v_shape[3]}) or be None")
         head_dim_v = v_shape[3]
         if not 1 <= head_dim_v <= MAX_HEAD_DIM:
             raise ValueError(f"head_dim_v ({head_dim_v}) must be in [1, {MAX_HEAD_DIM}]")
@@ -237,13 +277,15 @@ def check_decode_args(
     scale = default_sm_scale(head_dim_qk) if sm_scale is None else _check_scalar("sm_scale", sm_scale, allow_zero=False)
     cap = _check_scalar("logit_cap", logit_cap, allow_zero=True)
     if v_shape is None and v_scale is not None:
-        raise ValueError("v_scale must be None when v_cache is None: V is k_cache's latent, dequantised by k_scale")
-    k_scale_mode = check_scale("k_scale", k_scale, num_kv_heads)
-    v_scale_mode = check_scale("v_scale", v_scale, num_kv_heads)
+        raise ValueError(
+            f"{n.v_scale} must be None when {n.v_cache} is None: V is {n.k_cache}'s latent, dequantised by {n.k_scale}"
+        )
+    k_scale_mode = check_scale(n.k_scale, k_scale, num_kv_heads)
+    v_scale_mode = check_scale(n.v_scale, v_scale, num_kv_heads)
     if sinks is not None:
-        _check_float_dtype("sinks", dtype_name(sinks[1]))
+        _check_float_dtype(n.sinks, dtype_name(sinks[1]))
         if tuple(sinks[0]) != (num_heads,):
-            raise ValueError(f"sinks must have shape (num_heads,) = ({num_heads},), got {tuple(sinks[0])}")
+            raise ValueError(f"{n.sinks} must have shape (num_heads,) = ({num_heads},), got {tuple(sinks[0])}")
     return DecodeProblem(
         batch=int(batch),
         num_heads=int(num_heads),
@@ -302,17 +344,6 @@ def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int, 
         )
 
 
-def write_operands(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale):
-    """write_kv's arguments as each cache's :class:`WriteOperands` (V's None for MLA's
-    single latent cache), after the rules that pair them."""
-    if (v_cache is None) != (v_new is None):
-        raise ValueError("v_cache and v_new must both be given or both be None (MLA: one latent cache)")
-    if v_cache is None and v_scale is not None:
-        raise ValueError("v_scale must be None when v_cache is None (MLA: one latent cache, scaled by k_scale)")
-    k = WriteOperands(k_cache, k_new, slot_mapping, k_scale)
-    return k, None if v_cache is None else WriteOperands(v_cache, v_new, slot_mapping, v_scale)
-
-
 def check_write_kv_args(k: WriteOperands, v: WriteOperands | None) -> tuple[WriteProblem, WriteProblem | None]:
     """Validate ``write_kv``'s arguments, each operand given as its :class:`Spec`.
 
@@ -344,6 +375,11 @@ def check_write_kv_args(k: WriteOperands, v: WriteOperands | None) -> tuple[Writ
     if v is not None and tuple(v.cache[0][:3]) != tuple(k.cache[0][:3]):
         raise ValueError(f"v_cache shape {tuple(v.cache[0])} must match k_cache shape {tuple(k.cache[0])} in its pages")
     num_pages, page_size, num_kv_heads, head_dim = k.cache[0]
+    if num_pages * page_size > INT32_MAX:
+        raise ValueError(
+            f"k_cache holds num_pages * page_size = {num_pages * page_size} slots, more than slot_mapping's int32 "
+            f"can address (at most {INT32_MAX}); got shape {tuple(k.cache[0])}"
+        )
     if num_kv_heads > MAX_GRID_AXIS or num_tokens > INT32_MAX:
         raise ValueError(
             f"num_kv_heads ({num_kv_heads}) must be at most {MAX_GRID_AXIS} and num_tokens ({num_tokens}) at most "

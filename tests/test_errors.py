@@ -300,3 +300,23 @@ def test_mla_takes_no_v_scale():
     fn = lambda q, k, pt, sl, s: jax_decode.decode_attention(q, k, None, pt, sl, head_dim_v=32, v_scale=s)  # noqa: E731
     with pytest.raises(ValueError, match=r"v_scale must be None when v_cache is None"):
         jax.jit(fn).trace(GOOD["q"], GOOD["k_cache"], GOOD["page_table"], GOOD["seq_lens"], sds((1,), jnp.float32))
+
+
+def test_more_pages_than_int32_page_ids_is_refused():
+    """A cache of 2**31 pages would need page ids past int32 (and overflows the kernel's
+    page-count argument): refused by name, before any tracing of the kernels."""
+    with pytest.raises(ValueError, match=r"k_cache num_pages \(2147483648\) must be at most 2147483647"):
+        trace(k_cache=sds((2**31, 1, KV, D)), v_cache=sds((2**31, 1, KV, D)))
+
+
+def test_write_kv_cache_past_int32_slots_is_refused():
+    cache = sds((2**29, 8, 1, 8))  # 2**32 slots: more than an int32 slot id reaches
+    new, slots = sds((4, 1, 8)), sds((4,), jnp.int32)
+    with pytest.raises(ValueError, match=r"k_cache holds num_pages \* page_size = 4294967296 slots"):
+        jax.jit(lambda *a: jax_decode.write_kv(*a, backend="xla")).trace(cache, cache, new, new, slots)
+
+
+@pytest.mark.parametrize("flag", ["return_lse", "check_inputs"])
+def test_bool_options_must_be_bools(flag):
+    with pytest.raises(TypeError, match=rf"{flag} must be a bool, got str"):
+        trace({flag: "no"})

@@ -116,3 +116,16 @@ def test_same_window_messages_as_jax(name, options, error, match):
 def test_scale_of_wrong_type():
     with pytest.raises(TypeError, match=r"k_scale must be a torch.Tensor, a float or None, got str"):
         torch_bridge.decode_attention(**tensors(), k_scale="1")
+
+
+def test_write_kv_into_an_empty_cache_is_accepted():
+    """A cache with no slots (all strides 0) has nothing to share: every slot is outside
+    it, so nothing is written; JAX accepts the same."""
+    cache = torch.zeros(0, 4, 2, 8)
+    torch_bridge.write_kv(cache, cache.clone(), torch.ones(3, 2, 8), torch.ones(3, 2, 8),
+                          torch.tensor([0, 1, -1], dtype=torch.int32))  # fmt: skip
+
+
+def test_fwd_page_size_must_be_an_int():
+    with pytest.raises(TypeError, match=r"page_size must be an int, got bool"):
+        torch_bridge.decode_attention_fwd(*_fwd_args(), page_size=True)

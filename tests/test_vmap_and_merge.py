@@ -171,3 +171,42 @@ def test_vmap_over_a_scale_is_refused():
     mapped = jax.vmap(lambda s: jax_decode.decode_attention(q, k, v, pt, sl, k_scale=s, backend="xla"))
     with pytest.raises(ValueError, match="nor k_scale, v_scale or sinks"):
         mapped(jnp.ones((3, 1)))
+
+
+def test_vmap_with_check_inputs():
+    """check_inputs=True under jax.vmap: valid inputs give the unchecked result, a bad
+    page id in one mapped element fails the call naming it."""
+    q, k, v, page_table, seq_lens = device_arrays(GQA4.problem())
+    qs, tables, lens = jnp.stack([q, q * 0.5]), jnp.stack([page_table, page_table]), jnp.stack([seq_lens, seq_lens])
+    call = lambda check: jax.vmap(  # noqa: E731
+        lambda q, t, s: jax_decode.decode_attention(q, k, v, t, s, backend="xla", check_inputs=check)
+    )
+    np.testing.assert_array_equal(np.asarray(call(True)(qs, tables, lens)), np.asarray(call(False)(qs, tables, lens)))
+    row = int(np.argmax(np.asarray(seq_lens) > 0))  # a row with tokens on its first page
+    bad = tables.at[1, row, 0].set(-5)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"page_table\[{row}, 0\] = -5 is outside"):
+        jax.block_until_ready(jax.jit(call(True))(qs, bad, lens))
+
+
+def test_merge_ignores_what_an_empty_part_holds():
+    """An empty part (lse -inf) is never read: NaN or inf in its out changes nothing."""
+    rng = np.random.default_rng(1)
+    out_a = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    lse_a = rng.standard_normal((3, 4)).astype(np.float32)
+    junk = np.full_like(out_a, np.nan)
+    junk[0] = np.inf
+    empty_lse = np.full_like(lse_a, -np.inf)
+    for xp, wrap in ((jax_decode, jnp.asarray), (torch_bridge, torch.from_numpy)):
+        for args in ((out_a, lse_a, junk, empty_lse), (junk, empty_lse, out_a, lse_a)):
+            out, lse = xp.merge_attention_states(*map(wrap, args))
+            np.testing.assert_array_equal(np.asarray(out), out_a)
+            np.testing.assert_array_equal(np.asarray(lse), lse_a)
+        out, lse = xp.merge_attention_states(*map(wrap, (junk, empty_lse, junk, empty_lse)))
+        assert (np.asarray(out) == 0).all() and np.isneginf(np.asarray(lse)).all()
+
+
+def test_merge_refuses_integer_outputs():
+    out, lse = np.zeros((2, 4, 8), np.int32), np.zeros((2, 4), np.float32)
+    for xp, wrap in ((jax_decode, jnp.asarray), (torch_bridge, torch.from_numpy)):
+        with pytest.raises(TypeError, match=r"out_a dtype must be one of float16, bfloat16, float32, got int32"):
+            xp.merge_attention_states(*map(wrap, (out, lse, out.astype(np.float32), lse)))

@@ -10,13 +10,23 @@ except ImportError as error:
         "`pip install torch --index-url https://download.pytorch.org/whl/cpu`)"
     ) from error
 
-from torch_bridge.dlpack import jax_function, to_jax, to_torch  # noqa: E402
 from torch_bridge.ops import decode_attention, decode_attention_fwd, merge_attention_states, write_kv  # noqa: E402
 
 # An empty TRITON_CACHE_DIR (what jax_triton 0.3 leaves behind if it was imported
 # before us) makes every Triton launch from torch fail; empty never means anything else.
 if os.environ.get("TRITON_CACHE_DIR") == "":
     del os.environ["TRITON_CACHE_DIR"]
+
+
+def __getattr__(name: str):
+    """The DLPack bridge imports JAX, so it is imported on first use: ``import torch_bridge``
+    alone does not import JAX."""
+    if name in ("jax_function", "to_jax", "to_torch"):
+        from torch_bridge import dlpack
+
+        return getattr(dlpack, name)
+    raise AttributeError(f"module 'torch_bridge' has no attribute {name!r}")
+
 
 __all__ = [
     "decode_attention",

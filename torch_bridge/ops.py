@@ -1,39 +1,45 @@
-"""PyTorch frontend: the kernels of ``jax_decode`` on torch tensors, and a torch custom op.
+"""PyTorch frontend: the kernels of ``jax_decode`` on torch tensors, and torch custom ops.
 
 CUDA tensors run the compiled kernels, CPU tensors run them in Triton's interpreter.
-Every launch goes through :func:`jax_decode.launch.make_launch_config` and
-:func:`torch_bridge.launcher.launch_decode`, with the JAX frontend's argument checks
-and operand order, so the same inputs give the same launch and bit-identical results.
 
-Eager calls launch directly (the custom op's dispatch costs tens of microseconds).
-Under ``torch.compile`` both entry points are the op ``jax_decode::decode_attention_``,
-which writes ``out``, ``lse`` and the float32 ``scratch`` in place and allocates
-nothing, so ``fullgraph=True`` sees no graph break and a CUDA graph can capture and
-replay it.  ``scratch`` is either flat (mid_o then mid_lse) or vLLM's ``attn_logits``
-``[batch, num_heads, num_kv_splits, head_dim_v + 1]`` (LSE in the last column).
+One path per entry point.  ``decode_attention`` runs :func:`_run_decode` and the vLLM
+drop-in ``decode_attention_fwd`` runs :func:`_run_decode_fwd`, eagerly or -- under
+``torch.compile`` -- as the body of their custom ops (``jax_decode::decode_attention_``,
+``jax_decode::decode_attention_fwd_``), at run time on concrete tensors.  Both start
+from :func:`jax_decode.prepare.prepare_decode`, the JAX frontend's checks and operand
+normalisation, and plan through :func:`jax_decode.launch.make_launch_config`, so the
+same inputs give the same refusal or the same launch (and bit-identical results)
+whichever way they arrive.  While torch.compile traces, the entry points only check
+what the ops' schemas need (types) and allocate the outputs.
+
+The ops write their outputs in place and allocate only scratch whose size depends on
+shapes, so ``fullgraph=True`` sees no graph break and a CUDA graph can capture and
+replay them.
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
 
 import torch
 
 from jax_decode.launch import DeviceInfo, LaunchConfig, check_cache_dtype_on_device, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
-from jax_decode.operands import DecodeOperands, specs
+from jax_decode.operands import DecodeOperands
+from jax_decode.prepare import VLLM_NAMES, DecodeOptions, prepare_decode, prepare_write
 from jax_decode.validation import (
     check_arrays,
-    check_decode_args,
+    check_flag,
     check_index_values,
     check_num_kv_splits,
-    check_scale_value,
-    check_write_kv_args,
+    check_option_types,
     dtype_name,
     is_float_scalar,
-    write_operands,
 )
 from torch_bridge.launcher import launch_decode, launch_write
+
+TENSOR = "a torch.Tensor"
 
 
 @functools.cache
@@ -52,131 +58,78 @@ def device_info(device: torch.device) -> DeviceInfo:
     raise ValueError(f"tensors must be on a CUDA device or the CPU (interpreter), got {device}")
 
 
-# --------------------------------------------------------------------------- planning
-
-
-def _plan_uncached(operand_specs: DecodeOperands, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits, device):
-    """Check the arguments (shapes, dtypes, scalars) and make the launch config."""
-    problem = check_decode_args(
-        operand_specs, head_dim_v=head_dim_v, sm_scale=sm_scale, logit_cap=logit_cap, window_left=window_left
-    )
-    return make_launch_config(problem, device_info(device), check_num_kv_splits(num_kv_splits))
-
-
-# typed: True == 1 and 1.0 == 1 as keys, but the checks treat them differently.
-_plan_cached = functools.lru_cache(maxsize=4096, typed=True)(_plan_uncached)
-
-
-def _plan(ops: DecodeOperands, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits) -> LaunchConfig:
-    """The launch config for these tensors; cached on shapes, dtypes and options.
-
-    ``ops``: torch tensors, v_cache None for MLA.  Checks and config are pure functions
-    of (shape, dtype, options, device), so an eager call pays one dict lookup;
-    torch.compile traces the uncached function.
-    """
-    args = (specs(ops), head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits, ops.q.device)
-    if torch.compiler.is_compiling():
-        return _plan_uncached(*args)
-    try:
-        return _plan_cached(*args)
-    except TypeError as error:
-        if "unhashable" not in str(error):
-            raise
-        return _plan_uncached(*args)  # an unhashable option: let the checks name it
-
-
-def _split_scratch(scratch: torch.Tensor, config: LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mid_o, mid_lse) views of the scratch buffer, in either layout."""
-    dv = config.problem.head_dim_v
-    if scratch.dim() == 4:  # vLLM's attn_logits: [batch, num_heads, num_kv_splits, head_dim_v + 1]
-        return scratch[..., :dv], scratch[..., dv]
-    mid_o_size = config.mid_o_shape[0] * config.mid_o_shape[1] * config.mid_o_shape[2] * dv
-    return scratch[:mid_o_size].view(config.mid_o_shape), scratch[mid_o_size:].view(config.mid_lse_shape)
-
-
-# --------------------------------------------------------------------------- operands and checks
+# --------------------------------------------------------------------------- torch's frontend for jax_decode.prepare
 
 _SCALARS: dict[tuple, torch.Tensor] = {}
-
-
-def _float_input(name: str, value, like: torch.Tensor, *, scalar_ok: bool = True) -> torch.Tensor | None:
-    """A scale or sinks argument as a tensor: a real scalar (Python or NumPy) becomes a
-    float32 ``[1]`` device tensor, made once per value and device (so later calls copy
-    nothing to the device); a tensor passes through for the checks to judge."""
-    if value is None:
-        return None
-    if is_float_scalar(name, value, scalar_ok=scalar_ok):
-        check_scale_value(name, value)
-        key = (float(value), like.device)
-        if key not in _SCALARS:
-            _SCALARS[key] = torch.tensor([float(value)], dtype=torch.float32, device=like.device)
-        return _SCALARS[key]
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, a float or None, got {type(value).__name__}")
-    return value
-
-
-def _kernel_floats(ops: DecodeOperands) -> DecodeOperands:
-    """Checked scales and sinks as the kernels read them: float32, 1-D (16-bit ones are
-    cast, a copy per call)."""
-
-    def as_kernel_reads(t):
-        if t is None:
-            return None
-        if t.dtype != torch.float32:
-            t = t.float()
-        return t.reshape(1) if t.dim() == 0 else t
-
-    return ops._replace(
-        k_scale=as_kernel_reads(ops.k_scale), v_scale=as_kernel_reads(ops.v_scale), sinks=as_kernel_reads(ops.sinks)
-    )
-
-
-def _check_tensors(names: tuple[str, ...], tensors: tuple) -> None:
-    """Same device everywhere; contiguous last dimensions (the kernels' only stride rule)."""
-    first = None
-    for name, tensor in zip(names, tensors, strict=True):
-        if tensor is None:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if first is None:
-            first = (name, tensor)
-            device_info(tensor.device)
-        # get_device() (an int: the CUDA index, -1 elsewhere) is much cheaper than .device.
-        elif (index := tensor.get_device()) != first[1].get_device() or (
-            index < 0 and tensor.device != first[1].device
-        ):
-            raise ValueError(f"{name} is on {tensor.device} but {first[0]} is on {first[1].device}; move them together")
-        if tensor.dim() > 0 and tensor.stride(-1) != 1 and tensor.shape[-1] > 1 and tensor.numel() > 0:
-            raise ValueError(
-                f"{name} must have a contiguous last dimension (stride 1), got strides {tuple(tensor.stride())}; "
-                "pass .contiguous()"
-            )
-
-
-def _refuse_grad(names: tuple[str, ...], tensors: tuple) -> None:
-    """The kernels have no backward: refuse, rather than return an output with no grad_fn."""
-    if not torch.is_grad_enabled():
-        return
-    for name, tensor in zip(names, tensors, strict=True):
-        if tensor is not None and tensor.requires_grad:
-            raise ValueError(
-                f"{name} requires grad, but decode attention has no gradient (it is an inference kernel); "
-                f"call it under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
-            )
 
 
 @functools.lru_cache(maxsize=1024)
 def _elements_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Whether two elements of a strided tensor may share an address (e.g. an expanded
-    tensor): each dimension, in order of stride, must step past all smaller ones."""
+    tensor): each dimension, in order of stride, must step past all smaller ones.  A
+    tensor with no elements has none to share."""
+    if 0 in shape:
+        return False
     span = 1
     for stride, size in sorted((st, sz) for st, sz in zip(strides, shape, strict=True) if sz > 1):
         if stride < span:
             return True
         span += stride * (size - 1)
     return False
+
+
+class _TorchFrontend:
+    """:class:`jax_decode.prepare.Frontend` for torch tensors."""
+
+    array_type = torch.Tensor
+    array_kind = TENSOR
+
+    @staticmethod
+    def scalar(value: float, like: torch.Tensor) -> torch.Tensor:
+        """A float32 ``[1]`` tensor on ``like``'s device, made once per value and device
+        (so later calls copy nothing to the device)."""
+        key = (value, like.device)
+        tensor = _SCALARS.get(key)
+        if tensor is None:
+            tensor = _SCALARS[key] = torch.tensor([value], dtype=torch.float32, device=like.device)
+        return tensor
+
+    @staticmethod
+    def float32(x: torch.Tensor) -> torch.Tensor:
+        """As the kernels read scales and sinks: float32 (16-bit ones are cast, a copy per
+        call), 1-D."""
+        if x.dtype != torch.float32:
+            x = x.float()
+        return x if x.dim() == 1 else x.reshape(-1)
+
+    @staticmethod
+    def check(named: dict[str, torch.Tensor]) -> None:
+        """One device (CUDA or CPU); contiguous last dimensions (the kernels' only stride
+        rule); no input that requires grad under grad mode (the kernels have no backward)."""
+        first_name, first = None, None
+        grad = torch.is_grad_enabled()
+        for name, tensor in named.items():
+            if first is None:
+                first_name, first = name, tensor
+                device_info(tensor.device)
+            # get_device() (an int: the CUDA index, -1 elsewhere) is much cheaper than .device.
+            elif (index := tensor.get_device()) != first.get_device() or (index < 0 and tensor.device != first.device):
+                raise ValueError(
+                    f"{name} is on {tensor.device} but {first_name} is on {first.device}; move them together"
+                )
+            if tensor.dim() > 0 and tensor.stride(-1) != 1 and tensor.shape[-1] > 1 and tensor.numel() > 0:
+                raise ValueError(
+                    f"{name} must have a contiguous last dimension (stride 1), got strides {tuple(tensor.stride())}; "
+                    "pass .contiguous()"
+                )
+            if grad and tensor.requires_grad:
+                raise ValueError(
+                    f"{name} requires grad, but decode attention has no gradient (it is an inference kernel); "
+                    f"call it under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
+                )
+
+
+TORCH = _TorchFrontend()
 
 
 def _check_writable(name: str, tensor: torch.Tensor) -> None:
@@ -186,6 +139,40 @@ def _check_writable(name: str, tensor: torch.Tensor) -> None:
             f"{name} has elements that share memory (shape {tuple(tensor.shape)}, strides {tuple(tensor.stride())}), "
             f"so writes to it would overwrite each other; pass a tensor with its own storage (e.g. {name}.contiguous())"
         )
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _launch_config(problem, device: DeviceInfo, num_kv_splits: int | None) -> LaunchConfig:
+    return make_launch_config(problem, device, num_kv_splits)
+
+
+def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: LaunchConfig | None) -> None:
+    """check_inputs=True: the shared run-time rule on host copies of the index tensors."""
+    if torch.compiler.is_compiling() or config is None:
+        raise ValueError("check_inputs=True copies page tables to the host: call it eagerly, not under torch.compile")
+    p = config.problem
+    check_index_values(
+        page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size,
+        window_left=p.window_left,
+    )  # fmt: skip
+
+
+def _check_output(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype: str, layout: str) -> None:
+    if tuple(tensor.shape) != shape or dtype_name(tensor.dtype) != dtype:
+        raise ValueError(
+            f"{name} must be {dtype} of shape {shape}, got {dtype_name(tensor.dtype)} of shape {tuple(tensor.shape)} "
+            f"({name} is {layout})"
+        )
+    _check_writable(name, tensor)
+
+
+def _scratch(q: torch.Tensor, config: LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's partial results for ``config``'s splits: (mid_o, mid_lse) views of one
+    float32 buffer."""
+    p = config.problem
+    mid_o_size = p.batch * p.num_heads * config.num_kv_splits * p.head_dim_v
+    scratch = q.new_empty((mid_o_size + p.batch * p.num_heads * config.num_kv_splits,), dtype=torch.float32)
+    return scratch[:mid_o_size].view(config.mid_o_shape), scratch[mid_o_size:].view(config.mid_lse_shape)
 
 
 _LSE_SINKS: dict[tuple, torch.Tensor] = {}
@@ -205,171 +192,163 @@ def _lse_sink(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
     return sink
 
 
-def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: LaunchConfig) -> None:
-    """check_inputs=True: the shared run-time rule on host copies of the index tensors."""
-    if torch.compiler.is_compiling():
-        raise ValueError("check_inputs=True copies page tables to the host: call it eagerly, not under torch.compile")
+# --------------------------------------------------------------------------- the two call paths
+
+
+def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options: DecodeOptions, out,
+                lse, check_inputs: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """decode_attention, eager or in its op: check, plan, launch; ``out``/``lse`` are
+    allocated when None."""
+    given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
+    problem, ops = prepare_decode(given, options, TORCH)
+    config = _launch_config(problem, device_info(q.device), options.num_kv_splits)
+    if check_inputs:
+        _check_values(page_table, seq_lens, config)
     p = config.problem
-    check_index_values(
-        page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size,
-        window_left=p.window_left,
-    )  # fmt: skip
+    if out is None:
+        out = q.new_empty((p.batch, p.num_heads, p.head_dim_v))
+    else:
+        TORCH.check(dict(q=q, out=out))
+        _check_output("out", out, (p.batch, p.num_heads, p.head_dim_v), p.dtype, "[batch, num_heads, head_dim_v]")
+    if lse is None:
+        lse = q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
+    launch_decode(config, ops, *_scratch(q, config), out, lse)
+    return out, lse
 
 
-def _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale) -> DecodeOperands:
-    """vLLM's buffers as operands; V is K's latent (MLA: read through K's tile, with K's
-    scale) when ``v_buffer`` is a view of ``k_buffer``'s first columns."""
+def _run_decode_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale,
+                    page_size, logit_cap, k_scale, v_scale, check_inputs: bool) -> None:  # fmt: skip
+    """vLLM's decode_attention_fwd, eager or in its op: check, plan, launch into ``o``."""
+    config, ops = _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale,
+                               page_size, logit_cap, k_scale, v_scale)  # fmt: skip
+    if check_inputs:
+        _check_values(req_to_token, b_seq_len, config)
+    dv = config.problem.head_dim_v
+    launch_decode(config, ops, attn_logits[..., :dv], attn_logits[..., dv], o, _lse_sink(q, config))
+
+
+def _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size,
+                 logit_cap, k_scale, v_scale) -> tuple[LaunchConfig, DecodeOperands]:  # fmt: skip
+    """vLLM's arguments checked and planned; its buffers as decode_attention's operands."""
+    if num_kv_splits is None:  # vLLM's signature: the split count attn_logits was sized for
+        raise TypeError("num_kv_splits must be an int (the split count attn_logits holds), got None")
+    check_num_kv_splits(num_kv_splits)
+    if isinstance(page_size, bool) or not isinstance(page_size, numbers.Integral):
+        raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
+    check_arrays(dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token, b_seq_len=b_seq_len,
+                      attn_logits=attn_logits), array_type=torch.Tensor, array_kind=TENSOR)  # fmt: skip
+    if k_buffer.dim() == 3 and v_buffer.dim() == 3:
+        if page_size != 1:
+            raise ValueError(f"3-D k_buffer [num_tokens, num_kv_heads, D] needs page_size 1, got {page_size}")
+        k_buffer, v_buffer = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
+    if k_buffer.dim() == 4 and k_buffer.shape[1] != page_size:
+        raise ValueError(f"k_buffer page_size ({k_buffer.shape[1]}) must equal page_size ({page_size})")
+    # V is K's latent (MLA: read through K's tile, with K's scale) when v_buffer is a
+    # view of k_buffer's first columns.
     v_from_k = (
         v_buffer.data_ptr() == k_buffer.data_ptr()
         and v_buffer.stride() == k_buffer.stride()
         and v_buffer.shape[:-1] == k_buffer.shape[:-1]
         and (v_scale is None or v_scale is k_scale)
     )
-    return DecodeOperands(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len, k_scale,
-                          None if v_from_k else v_scale)  # fmt: skip
-
-
-def _check_fwd_buffers(config: LaunchConfig, o: torch.Tensor, attn_logits: torch.Tensor, num_kv_splits: int) -> None:
+    given = DecodeOperands(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len, k_scale,
+                           None if v_from_k else v_scale)  # fmt: skip
+    options = DecodeOptions(v_buffer.shape[-1] if v_buffer.dim() else None, sm_scale, logit_cap, None, num_kv_splits)
+    problem, ops = prepare_decode(given, options, TORCH, VLLM_NAMES)
+    config = _launch_config(problem, device_info(q.device), num_kv_splits)
     p = config.problem
-    expected = (p.batch, p.num_heads, num_kv_splits, p.head_dim_v + 1)
-    if tuple(attn_logits.shape) != expected or attn_logits.dtype != torch.float32:
-        raise ValueError(
-            f"attn_logits must be float32 of shape {expected} [batch, num_heads, num_kv_splits, head_dim_v + 1], "
-            f"got {attn_logits.dtype} of shape {tuple(attn_logits.shape)}"
-        )
-    if tuple(o.shape) != (p.batch, p.num_heads, p.head_dim_v) or dtype_name(o.dtype) != p.dtype:
-        raise ValueError(f"o must be {p.dtype} of shape {(p.batch, p.num_heads, p.head_dim_v)}, "
-                         f"got {o.dtype} of shape {tuple(o.shape)}")  # fmt: skip
+    TORCH.check(dict(q=q, o=o, attn_logits=attn_logits))
+    _check_output("attn_logits", attn_logits, (p.batch, p.num_heads, num_kv_splits, p.head_dim_v + 1), "float32",
+                  "[batch, num_heads, num_kv_splits, head_dim_v + 1]")  # fmt: skip
+    _check_output("o", o, (p.batch, p.num_heads, p.head_dim_v), p.dtype, "[batch, num_heads, head_dim_v]")
+    return config, ops
 
 
-# --------------------------------------------------------------------------- the custom op
+# --------------------------------------------------------------------------- the custom ops (torch.compile)
 
 
-@torch.library.custom_op("jax_decode::decode_attention_", mutates_args=("out", "lse", "scratch"))
+def _scale(tensor: torch.Tensor | None, number: float | None):
+    """A scale as the op received it: a tensor, or a number (which the schema passes apart)."""
+    return tensor if number is None else number
+
+
+@torch.library.custom_op("jax_decode::decode_attention_", mutates_args=("out", "lse"))
 def _decode_attention_op(
     q: torch.Tensor,
     k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    v_cache: torch.Tensor | None,
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
-    scratch: torch.Tensor,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     sinks: torch.Tensor | None,
     sm_scale: float | None,
     logit_cap: float,
     head_dim_v: int | None,
-    v_from_k: bool | None,
     window_left: int | None,
     num_kv_splits: int | None,
     k_scale_number: float | None,
     v_scale_number: float | None,
 ) -> None:
-    """Both entry points under torch.compile, where every value-dependent step runs here,
-    at run time, on concrete values: the checks (the eager call's errors), the plan
-    (shapes and options may be symbolic while tracing) and scales given as numbers.
-
-    ``v_from_k`` None: vLLM's buffers, where whether V is K's latent is found from their
-    pointers here.  An empty ``scratch``: decode_attention's, allocated here once the
-    plan has chosen the splits.
-    """
-    if k_scale_number is not None:
-        k_scale = _float_input("k_scale", k_scale_number, q)
-    if v_scale_number is not None:
-        v_scale = _float_input("v_scale", v_scale_number, q)
-    _check_writable("o" if v_from_k is None else "out", out)
-    if v_from_k is None:
-        _check_writable("attn_logits", scratch)
-        ops = _fwd_operands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale)
-        config = _plan(ops, head_dim_v, sm_scale, logit_cap, None, num_kv_splits)
-        _check_fwd_buffers(config, out, scratch, num_kv_splits)
-    else:
-        ops = DecodeOperands(q, k_cache, None if v_from_k else v_cache, page_table, seq_lens, k_scale,
-                             None if v_from_k else v_scale, sinks)  # fmt: skip
-        _check_tensors(_DECODE_NAMES, (*ops, out))
-        config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
-        _check_out(out, config)
-        scratch = _scratch(q, config)
-    launch_decode(config, _kernel_floats(ops), *_split_scratch(scratch, config), out, lse)
+    """decode_attention under torch.compile: :func:`_run_decode` at run time, on concrete
+    values (shapes and options may be symbolic while tracing)."""
+    options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+    _run_decode(q, k_cache, v_cache, page_table, seq_lens, _scale(k_scale, k_scale_number),
+                _scale(v_scale, v_scale_number), sinks, options, out, lse, check_inputs=False)  # fmt: skip
 
 
 @_decode_attention_op.register_fake
-def _(q, k_cache, v_cache, page_table, seq_lens, out, lse, scratch, k_scale, v_scale, sinks, sm_scale, logit_cap,
-      head_dim_v, v_from_k, window_left, num_kv_splits, k_scale_number, v_scale_number):  # fmt: skip
+def _(*args):
     return None
 
 
-def _scratch(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
-    """Stage 1's partial results for ``config``'s splits, as one float32 buffer."""
-    p = config.problem
-    return q.new_empty(((p.head_dim_v + 1) * p.batch * p.num_heads * config.num_kv_splits,), dtype=torch.float32)
+@torch.library.custom_op("jax_decode::decode_attention_fwd_", mutates_args=("o", "attn_logits"))
+def _decode_attention_fwd_op(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    b_seq_len: torch.Tensor,
+    attn_logits: torch.Tensor,
+    num_kv_splits: int,
+    sm_scale: float,
+    page_size: int,
+    logit_cap: float,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    k_scale_number: float | None,
+    v_scale_number: float | None,
+) -> None:
+    """decode_attention_fwd under torch.compile: :func:`_run_decode_fwd` at run time."""
+    _run_decode_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size,
+                    logit_cap, _scale(k_scale, k_scale_number), _scale(v_scale, v_scale_number),
+                    check_inputs=False)  # fmt: skip
 
 
-def _check_out(out: torch.Tensor, config: LaunchConfig) -> None:
-    p = config.problem
-    expected = (p.batch, p.num_heads, p.head_dim_v)
-    if tuple(out.shape) != expected or dtype_name(out.dtype) != p.dtype:
-        raise ValueError(f"out must be {p.dtype} of shape {expected}, got {dtype_name(out.dtype)} of shape "
-                         f"{tuple(out.shape)}")  # fmt: skip
-    _check_writable("out", out)
+@_decode_attention_fwd_op.register_fake
+def _(*args):
+    return None
 
 
-def _traced_number(name: str, value, *, optional: bool = True):
-    """A float option while torch.compile traces: its type is checked here, its value by
-    the op when it runs (it may be symbolic now)."""
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a Python float{' or None' if optional else ''}, got {type(value).__name__}")
-    return value
-
-
-def _traced_int(name: str, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
-    return value
-
-
-def _traced_scale(name: str, value):
-    """(tensor, number) of a scale while torch.compile traces: a number goes to the op,
-    which checks it and makes it a tensor when it runs."""
+def _traced_scale(name: str, value) -> tuple[torch.Tensor | None, float | None]:
+    """(tensor, number) of a scale while torch.compile traces: the schema takes a tensor
+    or a number apart; the op checks either when it runs."""
     if value is None or isinstance(value, torch.Tensor):
         return value, None
-    return None, _traced_number(name, value, optional=False)
+    if is_float_scalar(name, value, scalar_ok=True):
+        return None, value
+    raise TypeError(f"{name} must be {TENSOR}, a float or None, got {type(value).__name__}")
 
 
-def _decode_attention_traced(q, k_cache, v_cache, page_table, seq_lens, *, sm_scale, logit_cap, num_kv_splits,
-                             head_dim_v, return_lse, k_scale, v_scale, sinks, window_left, out,
-                             check_inputs):  # fmt: skip
-    """decode_attention while torch.compile traces: everything the graph needs (types,
-    the outputs' shapes) here, every value-dependent step in the op."""
+def _traced(check_inputs: bool, page_table, seq_lens) -> None:
     if check_inputs:
         _check_values(page_table, seq_lens, None)  # (refuses: it needs the values on the host)
-    (k_scale, k_number), (v_scale, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
-    check_arrays(dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, sinks=sinks,
-                      out=out), optional=("v_cache", "sinks", "out"), array_type=torch.Tensor)  # fmt: skip
-    head_dim_v = _traced_int("head_dim_v", head_dim_v)
-    if head_dim_v is None and v_cache is None:
-        raise ValueError("v_cache=None needs head_dim_v: V is then k_cache[..., :head_dim_v] (MLA)")
-    dv = head_dim_v if head_dim_v is not None else v_cache.shape[-1]
-    if out is None:
-        out = q.new_empty((q.shape[0], q.shape[1], dv))
-    lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
-    torch.ops.jax_decode.decode_attention_(
-        q, k_cache, k_cache if v_cache is None else v_cache, page_table, seq_lens, out, lse,
-        q.new_empty((0,), dtype=torch.float32), k_scale, v_scale, sinks, _traced_number("sm_scale", sm_scale),
-        _traced_number("logit_cap", logit_cap, optional=False), head_dim_v, v_cache is None,
-        _traced_int("window_left", window_left), _traced_int("num_kv_splits", num_kv_splits), k_number, v_number,
-    )  # fmt: skip
-    return (out, lse) if return_lse else out
 
 
 # --------------------------------------------------------------------------- entry points
-
-_DECODE_NAMES = ("q", "k_cache", "v_cache", "page_table", "seq_lens", "k_scale", "v_scale", "sinks", "out")
-_FWD_NAMES = ("q", "k_buffer", "v_buffer", "req_to_token", "b_seq_len", "k_scale", "v_scale", "o", "attn_logits")
 
 
 def decode_attention(
@@ -401,30 +380,27 @@ def decode_attention(
     and ``seq_lens`` first and raises ValueError on a bad one (it copies them to the
     host: eager use only).  Inputs that require grad are refused under grad mode.
     """
-    if torch.compiler.is_compiling():
-        return _decode_attention_traced(
-            q, k_cache, v_cache, page_table, seq_lens, sm_scale=sm_scale, logit_cap=logit_cap,
-            num_kv_splits=num_kv_splits, head_dim_v=head_dim_v, return_lse=return_lse, k_scale=k_scale,
-            v_scale=v_scale, sinks=sinks, window_left=window_left, out=out, check_inputs=check_inputs,
-        )  # fmt: skip
-    check_arrays(dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens),
-                 optional=("v_cache",), array_type=torch.Tensor)  # fmt: skip
-    ops = DecodeOperands(
-        q, k_cache, v_cache, page_table, seq_lens, _float_input("k_scale", k_scale, q),
-        _float_input("v_scale", v_scale, q), _float_input("sinks", sinks, q, scalar_ok=False),
+    check_flag("return_lse", return_lse)
+    check_flag("check_inputs", check_inputs)
+    options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+    if not torch.compiler.is_compiling():
+        out, lse = _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, out, None,
+                               check_inputs)  # fmt: skip
+        return (out, lse) if return_lse else out
+    # Tracing: what the op's schema needs; the op runs _run_decode when the graph runs.
+    _traced(check_inputs, page_table, seq_lens)
+    arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, sinks=sinks, out=out)
+    check_arrays(arrays, optional=("v_cache", "sinks", "out"), array_type=torch.Tensor, array_kind=TENSOR)
+    check_option_types(**options._asdict())
+    (k_tensor, k_number), (v_tensor, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
+    if out is None:  # a wrong rank is refused by the op, before it writes anything
+        dv = head_dim_v if head_dim_v is not None else v_cache.shape[-1] if v_cache is not None else 0
+        out = q.new_empty((q.shape[0], q.shape[1], dv) if q.dim() == 3 else (0,))
+    lse = q.new_empty(tuple(q.shape[:2]) if q.dim() == 3 else (0,), dtype=torch.float32)
+    torch.ops.jax_decode.decode_attention_(
+        q, k_cache, v_cache, page_table, seq_lens, out, lse, k_tensor, v_tensor, sinks, sm_scale, logit_cap,
+        head_dim_v, window_left, num_kv_splits, k_number, v_number,
     )  # fmt: skip
-    _check_tensors(_DECODE_NAMES, (*ops, out))
-    _refuse_grad(_DECODE_NAMES, (*ops, out))
-    config = _plan(ops, head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
-    if check_inputs:
-        _check_values(page_table, seq_lens, config)
-    p = config.problem
-    if out is None:
-        out = q.new_empty((p.batch, p.num_heads, p.head_dim_v))
-    else:
-        _check_out(out, config)
-    lse = q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
-    launch_decode(config, _kernel_floats(ops), *_split_scratch(_scratch(q, config), config), out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -455,48 +431,33 @@ def decode_attention_fwd(
     view, through the K tile already loaded).  ``attn_logits`` float32
     ``[batch, num_heads, num_kv_splits, head_dim_v + 1]`` is the scratch.
     """
-    if k_buffer.dim() == 3 and v_buffer.dim() == 3:
-        if page_size != 1:
-            raise ValueError(f"3-D k_buffer [num_tokens, num_kv_heads, D] needs page_size 1, got {page_size}")
-        k_buffer, v_buffer = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
-    if k_buffer.dim() == 4 and k_buffer.shape[1] != page_size:
-        raise ValueError(f"k_buffer page_size ({k_buffer.shape[1]}) must equal page_size ({page_size})")
-    if num_kv_splits is None:  # vLLM's signature: the split count attn_logits was sized for
-        raise TypeError("num_kv_splits must be an int (the split count attn_logits holds), got None")
-    check_num_kv_splits(num_kv_splits)
-    if torch.compiler.is_compiling():  # planned and checked inside the op, at run time
-        if check_inputs:
-            _check_values(req_to_token, b_seq_len, None)
-        (k_scale, k_number), (v_scale, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
-        tensors = (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits)
-        check_arrays(dict(zip(_FWD_NAMES, tensors, strict=True)), optional=("k_scale", "v_scale"),
-                     array_type=torch.Tensor)  # fmt: skip
-        lse = q.new_empty(tuple(q.shape[:2]), dtype=torch.float32)
-        torch.ops.jax_decode.decode_attention_(
-            q, k_buffer, v_buffer, req_to_token, b_seq_len, o, lse, attn_logits, k_scale, v_scale, None,
-            _traced_number("sm_scale", sm_scale, optional=False), _traced_number("logit_cap", logit_cap,
-            optional=False), v_buffer.shape[-1], None, None, num_kv_splits, k_number, v_number,
-        )  # fmt: skip
+    check_flag("check_inputs", check_inputs)
+    if not torch.compiler.is_compiling():
+        _run_decode_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale,
+                        page_size, logit_cap, k_scale, v_scale, check_inputs)  # fmt: skip
         return
-    k_scale, v_scale = _float_input("k_scale", k_scale, q), _float_input("v_scale", v_scale, q)
-    tensors = (q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, o, attn_logits)
-    _check_tensors(_FWD_NAMES, tensors)
-    _refuse_grad(_FWD_NAMES, tensors)
-    _check_writable("o", o)
-    _check_writable("attn_logits", attn_logits)
-    ops = _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale)
-    config = _plan(ops, v_buffer.shape[-1], sm_scale, logit_cap, None, num_kv_splits)
-    _check_fwd_buffers(config, o, attn_logits, num_kv_splits)
-    if check_inputs:
-        _check_values(req_to_token, b_seq_len, config)
-    launch_decode(config, _kernel_floats(ops), *_split_scratch(attn_logits, config), o, _lse_sink(q, config))
+    # Tracing: what the op's schema needs; the op runs _run_decode_fwd when the graph runs.
+    _traced(check_inputs, req_to_token, b_seq_len)
+    if num_kv_splits is None:
+        raise TypeError("num_kv_splits must be an int (the split count attn_logits holds), got None")
+    check_arrays(dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token, b_seq_len=b_seq_len,
+                      attn_logits=attn_logits), array_type=torch.Tensor, array_kind=TENSOR)  # fmt: skip
+    check_option_types(sm_scale=sm_scale, logit_cap=logit_cap, head_dim_v=None, window_left=None,
+                       num_kv_splits=num_kv_splits)  # fmt: skip
+    if isinstance(page_size, bool) or not isinstance(page_size, numbers.Integral):
+        raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
+    (k_tensor, k_number), (v_tensor, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
+    torch.ops.jax_decode.decode_attention_fwd_(
+        q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size, logit_cap,
+        k_tensor, v_tensor, k_number, v_number,
+    )  # fmt: skip
 
 
 def merge_attention_states(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``jax_decode.merge_attention_states`` for torch tensors (the same definition)."""
-    check_arrays(dict(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b), array_type=torch.Tensor)
+    check_arrays(dict(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b), array_type=torch.Tensor, array_kind=TENSOR)
     check_merge_args(out_a, lse_a, out_b, lse_b)
     out, lse = merge_states(torch, lambda x: x.float(), out_a, lse_a, out_b, lse_b)
     return out.to(out_a.dtype), lse.float()
@@ -516,19 +477,8 @@ def write_kv(
 
     No host sync and no data-dependent allocation, so it can be captured in a CUDA graph.
     """
-    check_arrays(dict(k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, slot_mapping=slot_mapping),
-                 optional=("v_cache", "v_new"), array_type=torch.Tensor)  # fmt: skip
-    k_scale, v_scale = _float_input("k_scale", k_scale, k_new), _float_input("v_scale", v_scale, k_new)
-    names = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping", "k_scale", "v_scale")
-    tensors = (k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
-    _check_tensors(names, tensors)
-    _refuse_grad(names, tensors)
-    k, v = write_operands(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
-    for ops, problem, name in zip(
-        (k, v), check_write_kv_args(specs(k), None if v is None else specs(v)), ("k_cache", "v_cache"), strict=True
-    ):
-        if ops is not None:
-            _check_writable(name, ops.cache)
-            check_cache_dtype_on_device(problem.cache_dtype, device_info(ops.cache.device))
-            scale = None if ops.scale is None else ops.scale.float().reshape(-1)
-            launch_write(problem, ops._replace(scale=scale))
+    k, v = prepare_write(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale, TORCH)
+    for (ops, problem), name in ((k, "k_cache"), (v, "v_cache")) if v is not None else ((k, "k_cache"),):
+        _check_writable(name, ops.cache)
+        check_cache_dtype_on_device(problem.cache_dtype, device_info(ops.cache.device))
+        launch_write(problem, ops)
