@@ -27,14 +27,26 @@ HEAD_DIM_QK, HEAD_DIM_V, PAGE_SIZE = 576, 512, 64
 ROWS = ((1, 32768, 128), (8, 16384, 128), (64, 4096, 128), (128, 1024, 128), (64, 4096, 16))
 
 
-def mla_config(batch: int, num_heads: int, num_pages: int, max_pages: int, sm_scale: float, num_kv_splits: int,
-               num_sms: int):
+def mla_config(
+    batch: int, num_heads: int, num_pages: int, max_pages: int, sm_scale: float, num_kv_splits: int, num_sms: int
+):
     """Our LaunchConfig for the MLA problem (its stage-2 launch merges the new stage 1)."""
     from jax_decode.launch import DecodeProblem, DeviceInfo, make_launch_config
 
-    problem = DecodeProblem(batch=batch, num_heads=num_heads, num_kv_heads=1, head_dim_qk=HEAD_DIM_QK,
-                            head_dim_v=HEAD_DIM_V, num_pages=num_pages, page_size=PAGE_SIZE, max_pages=max_pages,
-                            dtype="bfloat16", v_from_k=True, sm_scale=sm_scale, logit_cap=0.0)
+    problem = DecodeProblem(
+        batch=batch,
+        num_heads=num_heads,
+        num_kv_heads=1,
+        head_dim_qk=HEAD_DIM_QK,
+        head_dim_v=HEAD_DIM_V,
+        num_pages=num_pages,
+        page_size=PAGE_SIZE,
+        max_pages=max_pages,
+        dtype="bfloat16",
+        v_from_k=True,
+        sm_scale=sm_scale,
+        logit_cap=0.0,
+    )
     return make_launch_config(problem, DeviceInfo("nvidia", 90, num_sms), num_kv_splits=num_kv_splits)
 
 
@@ -48,7 +60,9 @@ def default_splits(batch: int, num_heads: int, ctx: int, num_sms: int) -> int:
 class MlaHopper:
     """Stage 1 (Gluon, sm_90) + our stage 2 for one problem shape and split count."""
 
-    def __init__(self, batch, num_heads, num_pages, max_pages, sm_scale, num_kv_splits, pipeline, num_sms=132):
+    def __init__(
+        self, batch, num_heads, num_pages, max_pages, sm_scale, num_kv_splits, pipeline, num_sms=132, direct=False
+    ):
         import torch
         from triton.experimental.gluon import language as gl
 
@@ -61,13 +75,26 @@ class MlaHopper:
         self.kernel = _mla_stage1_hopper
         self.layout = gl.NVMMASharedLayout.get_default_for([64, 512], gl.bfloat16)
         self.grid = (math.ceil(num_heads / 64), batch, num_kv_splits)
+        # mid_o / mid_lse strides by name from stage 2's own launch, so both agree on the layout.
+        s2 = self.stage2.launch.meta()
         self.meta = dict(
             STRIDE_PTB=max_pages,
-            STRIDE_MOB=strides.mid_o[0], STRIDE_MOH=strides.mid_o[1], STRIDE_MOS=strides.mid_o[2],
-            STRIDE_MLB=strides.mid_lse[0], STRIDE_MLH=strides.mid_lse[1], STRIDE_MLS=strides.mid_lse[2],
+            STRIDE_MOB=s2["STRIDE_MOB"], STRIDE_MOH=s2["STRIDE_MOH"], STRIDE_MOS=s2["STRIDE_MOS"],
+            STRIDE_MLB=s2["STRIDE_MLB"], STRIDE_MLH=s2["STRIDE_MLH"], STRIDE_MLS=s2["STRIDE_MLS"],
             SM_SCALE=float(sm_scale), NUM_HEADS=num_heads, PAGE_SIZE=PAGE_SIZE, CAPACITY=max_pages * PAGE_SIZE,
             NUM_KV_SPLITS=num_kv_splits, NUM_STAGES=2, PIPELINE=int(pipeline),
         )  # fmt: skip
+        if direct:  # one split: stage 1 writes out and lse itself (split strides 0)
+            assert num_kv_splits == 1
+            self.meta.update(
+                STRIDE_MOB=num_heads * HEAD_DIM_V,
+                STRIDE_MOH=HEAD_DIM_V,
+                STRIDE_MOS=0,
+                STRIDE_MLB=num_heads,
+                STRIDE_MLH=1,
+                STRIDE_MLS=0,
+            )
+        self.direct = direct
         self.mid_o = torch.empty(self.config.mid_o_shape, dtype=torch.float32, device="cuda")
         self.mid_lse = torch.empty(self.config.mid_lse_shape, dtype=torch.float32, device="cuda")
         self.num_pages = num_pages
@@ -89,10 +116,18 @@ class MlaHopper:
             )
         return self.descs[key]
 
-    def __call__(self, q, k_cache, page_table, seq_lens, out, lse):
+    def stage1(self, q, k_cache, page_table, seq_lens):
         descs = self.descriptors(q, k_cache)
-        self.kernel[self.grid](*descs, page_table, seq_lens, self.num_pages, self.mid_o, self.mid_lse, num_warps=8,
-                               **self.meta)
+        self.kernel[self.grid](
+            *descs, page_table, seq_lens, self.num_pages, self.mid_o, self.mid_lse, num_warps=8, **self.meta
+        )
+
+    def __call__(self, q, k_cache, page_table, seq_lens, out, lse):
+        if self.direct:
+            descs = self.descriptors(q, k_cache)
+            self.kernel[self.grid](*descs, page_table, seq_lens, self.num_pages, out, lse, num_warps=8, **self.meta)
+            return
+        self.stage1(q, k_cache, page_table, seq_lens)
         self.stage2((self.mid_o, self.mid_lse, self.mid_lse, out, lse))
 
 
@@ -113,7 +148,7 @@ def flash_mla_fn():
     cache = {}
 
     def metadata(seq_lens, num_heads):
-        key = (seq_lens.data_ptr(), num_heads)
+        key = (seq_lens.data_ptr(), tuple(seq_lens.shape), num_heads)
         if key not in cache:
             if params and params[0] in ("cache_seqlens", "seq_lens", "seqlens_k"):
                 md = flash_mla.get_mla_metadata(seq_lens, num_heads, 1)
@@ -125,11 +160,29 @@ def flash_mla_fn():
     def run(q, k_cache, page_table, seq_lens, sm_scale):
         md = metadata(seq_lens, q.shape[1])
         if params and params[0] in ("cache_seqlens", "seq_lens", "seqlens_k"):  # the older API
-            return flash_mla.flash_mla_with_kvcache(q[:, None], k_cache, page_table, seq_lens, HEAD_DIM_V, md[0],
-                                                    md[1], softmax_scale=sm_scale, causal=False)
-        return flash_mla.flash_mla_with_kvcache(q[:, None], k_cache, page_table, seq_lens, HEAD_DIM_V,
-                                                md[0] if isinstance(md, tuple) else md, softmax_scale=sm_scale,
-                                                causal=False, is_fp8_kvcache=False, use_legacy=True)
+            return flash_mla.flash_mla_with_kvcache(
+                q[:, None],
+                k_cache,
+                page_table,
+                seq_lens,
+                HEAD_DIM_V,
+                md[0],
+                md[1],
+                softmax_scale=sm_scale,
+                causal=False,
+            )
+        return flash_mla.flash_mla_with_kvcache(
+            q[:, None],
+            k_cache,
+            page_table,
+            seq_lens,
+            HEAD_DIM_V,
+            md[0] if isinstance(md, tuple) else md,
+            softmax_scale=sm_scale,
+            causal=False,
+            is_fp8_kvcache=False,
+            use_legacy=True,
+        )
 
     return run
 
@@ -147,8 +200,9 @@ def oracle_check(q, k_cache, page_table, seq_lens, out, lse, sm_scale, batch_row
     small_pt = np.where((pt >= 0) & (pt < num_pages), remap[np.clip(pt, 0, num_pages - 1)], -1).astype(np.int32)
     small_cache = k_cache[torch_index(used, k_cache.device)].float().cpu().numpy()
     qs = q[batch_rows][:, heads].float().cpu().numpy()
-    ref_out, ref_lse = decode_attention_reference(qs, small_cache, None, small_pt, seq_lens[batch_rows].cpu().numpy(),
-                                                  sm_scale=sm_scale, head_dim_v=HEAD_DIM_V)
+    ref_out, ref_lse = decode_attention_reference(
+        qs, small_cache, None, small_pt, seq_lens[batch_rows].cpu().numpy(), sm_scale=sm_scale, head_dim_v=HEAD_DIM_V
+    )
     got_out = out[batch_rows][:, heads].float().cpu().numpy()
     got_lse = lse[batch_rows][:, heads].float().cpu().numpy()
     finite = np.isfinite(ref_lse)
@@ -207,7 +261,7 @@ def edge_case(seed=7):
     for b, n in enumerate(seq_lens.tolist()):
         n = min(max(n, 0), capacity)
         if n % PAGE_SIZE:
-            k_cache[page_table[b, n // PAGE_SIZE].long(), n % PAGE_SIZE:] = float("nan")
+            k_cache[page_table[b, n // PAGE_SIZE].long(), n % PAGE_SIZE :] = float("nan")
         for p in range(math.ceil(n / PAGE_SIZE), max_pages):
             k_cache[page_table[b, p].long()] = float("nan")
     return q, k_cache, page_table, seq_lens
@@ -224,7 +278,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="mla_hopper.json")
     parser.add_argument("--rows", default="all")
     parser.add_argument("--rep-ms", type=int, default=100)
+    parser.add_argument("--profile", action="store_true", help="only launch b64 ctx4k stage 1 a few times (for ncu)")
     args = parser.parse_args(argv)
+    if args.profile:
+        q, k_cache, page_table, seq_lens = make_inputs(64, 128, 4096, seed=1)
+        run = MlaHopper(64, 128, k_cache.shape[0], page_table.shape[1], 1 / math.sqrt(HEAD_DIM_QK), 1, 1)
+        for _ in range(4):
+            run.stage1(q, k_cache, page_table, seq_lens)
+        torch.cuda.synchronize()
+        return 0
 
     props = torch.cuda.get_device_properties(0)
     num_sms = props.multi_processor_count
@@ -237,22 +299,20 @@ def main(argv=None) -> int:
     # Correctness on awkward input first, both schedules, several split counts.
     q, k_cache, page_table, seq_lens = edge_case()
     edge = []
-    for pipeline in (0, 1):
-        for splits in (1, 3):
-            b, h = q.shape[:2]
-            run = MlaHopper(b, h, k_cache.shape[0], page_table.shape[1], sm_scale, splits, pipeline, num_sms)
-            out = torch.full((b, h, HEAD_DIM_V), float("nan"), dtype=torch.bfloat16, device="cuda")
-            lse = torch.full((b, h), float("nan"), dtype=torch.float32, device="cuda")
-            run.mid_o.fill_(float("nan"))
-            run.mid_lse.fill_(float("nan"))
-            t0 = time.time()
-            run(q, k_cache, page_table, seq_lens, out, lse)
-            torch.cuda.synchronize()
-            err = oracle_check(q, k_cache, page_table, seq_lens, out, lse, sm_scale, list(range(b)),
-                               list(range(0, h, 9)))
-            err.update(pipeline=pipeline, splits=splits, first_call_s=round(time.time() - t0, 2))
-            print("edge", err)
-            edge.append(err)
+    for pipeline, splits, direct in ((0, 1, False), (0, 3, False), (1, 1, False), (1, 3, False), (1, 1, True)):
+        b, h = q.shape[:2]
+        run = MlaHopper(b, h, k_cache.shape[0], page_table.shape[1], sm_scale, splits, pipeline, num_sms, direct)
+        out = torch.full((b, h, HEAD_DIM_V), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((b, h), float("nan"), dtype=torch.float32, device="cuda")
+        run.mid_o.fill_(float("nan"))
+        run.mid_lse.fill_(float("nan"))
+        t0 = time.time()
+        run(q, k_cache, page_table, seq_lens, out, lse)
+        torch.cuda.synchronize()
+        err = oracle_check(q, k_cache, page_table, seq_lens, out, lse, sm_scale, list(range(b)), list(range(0, h, 9)))
+        err.update(pipeline=pipeline, splits=splits, direct=direct, first_call_s=round(time.time() - t0, 2))
+        print("edge", err)
+        edge.append(err)
     results["edge"] = edge
 
     rows = ROWS if args.rows == "all" else [ROWS[int(i)] for i in args.rows.split(",")]
@@ -268,27 +328,45 @@ def main(argv=None) -> int:
         check_heads = list(range(0, num_heads, max(1, num_heads // 16)))
         row = dict(batch=batch, ctx=ctx, num_heads=num_heads, flops=flops, input_sets=n_sets, ours_new=[])
         base_splits = default_splits(batch, num_heads, ctx, num_sms)
-        split_choices = sorted({base_splits, base_splits * 2})
-        for pipeline in (0, 1):
-            for splits in split_choices:
-                run = MlaHopper(batch, num_heads, k_cache.shape[0], page_table.shape[1], sm_scale, splits, pipeline,
-                                num_sms)
-                out.fill_(float("nan"))
-                run(q, k_cache, page_table, seq_lens, out, lse)
-                torch.cuda.synchronize()
-                err = oracle_check(q, k_cache, page_table, seq_lens, out, lse, sm_scale, check_rows, check_heads)
-                ms = time_torch(lambda s, run=run: run(s[0], s[1], s[2], s[3], out, lse), sets, True, args.rep_ms)
-                entry = dict(pipeline=pipeline, splits=splits, us=ms * 1e3, tflops=flops / ms / 1e9, **err)
-                print(batch, ctx, num_heads, entry)
-                row["ours_new"].append(entry)
+        split_choices = sorted({max(1, base_splits // 2), base_splits})
+        variants = [(p, n, False) for p in (0, 1) for n in split_choices] + [(1, 1, True)] * (1 in split_choices)
+        for pipeline, splits, direct in variants:
+            run = MlaHopper(
+                batch, num_heads, k_cache.shape[0], page_table.shape[1], sm_scale, splits, pipeline, num_sms, direct
+            )
+            out.fill_(float("nan"))
+            run(q, k_cache, page_table, seq_lens, out, lse)
+            torch.cuda.synchronize()
+            err = oracle_check(q, k_cache, page_table, seq_lens, out, lse, sm_scale, check_rows, check_heads)
+            ms = time_torch(lambda s, run=run, o=out, x=lse: run(s[0], s[1], s[2], s[3], o, x), sets, True, args.rep_ms)
+            entry = dict(pipeline=pipeline, splits=splits, direct=direct, us=ms * 1e3, tflops=flops / ms / 1e9, **err)
+            print(batch, ctx, num_heads, entry)
+            row["ours_new"].append(entry)
+        best = min((e for e in row["ours_new"] if not e["direct"]), key=lambda e: e["us"])
+        run = MlaHopper(
+            batch, num_heads, k_cache.shape[0], page_table.shape[1], sm_scale, best["splits"], best["pipeline"], num_sms
+        )
+        ms = time_torch(lambda s, run=run: run.stage1(s[0], s[1], s[2], s[3]), sets, True, args.rep_ms)
+        row["best_stage1_only"] = dict(
+            pipeline=best["pipeline"], splits=best["splits"], us=ms * 1e3, tflops=flops / ms / 1e9
+        )
+        print("stage 1 alone", row["best_stage1_only"])
 
         # torch_bridge (today's portable path) and FlashMLA, same inputs.
-        tb_out = torch_bridge.decode_attention(q, k_cache, None, page_table, seq_lens, head_dim_v=HEAD_DIM_V,
-                                               sm_scale=sm_scale, return_lse=True)
-        row["torch_bridge_err"] = oracle_check(q, k_cache, page_table, seq_lens, tb_out[0], tb_out[1], sm_scale,
-                                               check_rows, check_heads)
-        ms = time_torch(lambda s: torch_bridge.decode_attention(s[0], s[1], None, s[2], s[3], head_dim_v=HEAD_DIM_V,
-                                                                sm_scale=sm_scale), sets, True, args.rep_ms)
+        tb_out = torch_bridge.decode_attention(
+            q, k_cache, None, page_table, seq_lens, head_dim_v=HEAD_DIM_V, sm_scale=sm_scale, return_lse=True
+        )
+        row["torch_bridge_err"] = oracle_check(
+            q, k_cache, page_table, seq_lens, tb_out[0], tb_out[1], sm_scale, check_rows, check_heads
+        )
+        ms = time_torch(
+            lambda s: torch_bridge.decode_attention(
+                s[0], s[1], None, s[2], s[3], head_dim_v=HEAD_DIM_V, sm_scale=sm_scale
+            ),
+            sets,
+            True,
+            args.rep_ms,
+        )
         row["torch_bridge"] = dict(us=ms * 1e3, tflops=flops / ms / 1e9)
         if fmla is not None:
             try:
@@ -296,8 +374,9 @@ def main(argv=None) -> int:
                 f_lse = f_lse.reshape(batch, -1)[:, :num_heads] if f_lse.numel() == batch * num_heads else None
                 f_out = f_out[:, 0]
                 if f_lse is not None:
-                    row["flash_mla_err"] = oracle_check(q, k_cache, page_table, seq_lens, f_out, f_lse, sm_scale,
-                                                        check_rows, check_heads)
+                    row["flash_mla_err"] = oracle_check(
+                        q, k_cache, page_table, seq_lens, f_out, f_lse, sm_scale, check_rows, check_heads
+                    )
                 ms = time_torch(lambda s: fmla(s[0], s[1], s[2], s[3], sm_scale), sets, True, args.rep_ms)
                 row["flash_mla"] = dict(us=ms * 1e3, tflops=flops / ms / 1e9)
             except Exception as exc:  # noqa: BLE001
@@ -323,8 +402,15 @@ def print_table(results) -> None:
         tb = row["torch_bridge"]["us"]
         for e in row["ours_new"]:
             rel = f"{fm / e['us']:.2f}x" if fm else "-"
-            print(f"{label:>20} {'p%d s%d' % (e['pipeline'], e['splits']):>12} {e['us']:8.1f} {e['tflops']:8.1f} "
-                  f"{rel:>8} {tb / e['us']:5.2f}x {e['max_abs_err']:8.1e}")
+            name = f"p{e['pipeline']} s{e['splits']}{' dir' if e.get('direct') else ''}"
+            print(
+                f"{label:>20} {name:>12} {e['us']:8.1f} {e['tflops']:8.1f} "
+                f"{rel:>8} {tb / e['us']:5.2f}x {e['max_abs_err']:8.1e}"
+            )
+        st1 = row.get("best_stage1_only")
+        if st1:
+            name = f"stage1 p{st1['pipeline']} s{st1['splits']}"
+            print(f"{label:>20} {name:>12} {st1['us']:8.1f} {st1['tflops']:8.1f}")
         print(f"{label:>20} {'torch_bridge':>12} {tb:8.1f} {row['torch_bridge']['tflops']:8.1f}")
         if fm:
             print(f"{label:>20} {'flash_mla':>12} {fm:8.1f} {row['flash_mla']['tflops']:8.1f}")

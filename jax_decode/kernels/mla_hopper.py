@@ -45,6 +45,11 @@ formed by the TMA unit from the descriptor (64-bit base and strides); the page i
 times page size is a 32-bit TMA coordinate, valid for caches of up to 2**31 token
 rows.  Batch indices are widened to int64 before they multiply strides.
 
+With one split, stage 1 alone is the whole decode: given the final ``out``
+(``[batch, num_heads, 512]``, any float dtype: the output is cast to it) and ``lse``
+(f32 ``[batch, num_heads]``) with split strides 0, it writes exactly what stage 2
+would (its merge of one split is the identity), and stage 2 is skipped.
+
 Splits: ``seq_len`` is cut into ``NUM_KV_SPLITS`` contiguous parts of whole 64-token
 tiles (the ``split_bounds`` rule with ``BLOCK_N = 64``); stage 2 needs only each
 split's normalised output and LSE.
@@ -52,7 +57,6 @@ split's normalised output and LSE.
 
 from __future__ import annotations
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -97,26 +101,29 @@ def _tile_page(page_row_ptr, tile_start, num_pages, PAGE_SIZE: gl.constexpr):
 
 
 @gluon.jit
-def _wait_tile(k_lat, k_rope, bar, phase, tile_start, end, page_row_ptr, num_pages, pred, layout: gl.constexpr,
-               PAGE_SIZE: gl.constexpr):
+def _wait_tile(k_lat, k_rope, bar, phase, tile_start, end, page_ok, pred, layout: gl.constexpr):
     """Wait for a K tile to land; zero its rows past ``end`` (all rows for a bad page)."""
     mbarrier.wait(bar, phase, pred=pred)
-    _, page_ok = _tile_page(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
     if pred & ((tile_start + k_lat.shape[0] > end) | (~page_ok)):
         _zero_invalid_rows(k_lat, tile_start, end, page_ok, layout)
         _zero_invalid_rows(k_rope, tile_start, end, page_ok, layout)
         fence_async_shared()
-    gl.thread_barrier()
+        gl.thread_barrier()
 
 
 @gluon.jit
-def _load_tile(k_desc, kr_desc, k_lat, k_rope, bar, page_row_ptr, tile_start, num_pages, pred,
-               PAGE_SIZE: gl.constexpr):
+def _load_tile(k_desc, kr_desc, k_lat, k_rope, bar, row, pred):
     """Start the TMA copies of one K tile (latent and rope parts) into one ring stage."""
-    row, _ = _tile_page(page_row_ptr, gl.where(pred, tile_start, 0), num_pages, PAGE_SIZE)
     mbarrier.expect(bar, k_desc.block_type.nbytes + kr_desc.block_type.nbytes, pred=pred)
     _tma_load(k_desc, [row, 0], bar, k_lat, pred=pred)
     _tma_load(kr_desc, [row, 0], bar, k_rope, pred=pred)
+
+
+@gluon.jit
+def _page_of(page_row_ptr, start, tile, num_tiles, num_pages, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """TMA row and validity of a split's tile (any in-bounds answer for tiles past the split)."""
+    tile_start = gl.where(tile < num_tiles, start + tile * BLOCK_N, 0)
+    return _tile_page(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
 
 
 @gluon.jit
@@ -128,8 +135,8 @@ def _mla_stage1_hopper(
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
-    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
-    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
+    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v] (or the final out, see below)
+    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits] (or the final lse)
     STRIDE_PTB: gl.constexpr,
     STRIDE_MOB: gl.constexpr,
     STRIDE_MOH: gl.constexpr,
@@ -142,8 +149,8 @@ def _mla_stage1_hopper(
     PAGE_SIZE: gl.constexpr,
     CAPACITY: gl.constexpr,
     NUM_KV_SPLITS: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    PIPELINE: gl.constexpr,  # 1: the next tile's Q K^T runs on the tensor cores during this tile's softmax
+    NUM_STAGES: gl.constexpr,  # K tiles in the TMA ring: 2 (what shared memory holds)
+    PIPELINE: gl.constexpr,  # 1: the next tile's Q K^T is issued right behind this tile's P V
 ):
     BLOCK_H: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM_V: gl.constexpr = q_desc.block_type.shape[1]
@@ -154,11 +161,11 @@ def _mla_stage1_hopper(
     gl.static_assert(HEAD_DIM_V == 512, "MLA latent width")
     gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "a K tile must lie inside one page")
     gl.static_assert(gl.num_warps() == 8, "two warpgroups")
+    gl.static_assert(NUM_STAGES == 2, "the page-id prefetch is written for a 2-stage ring")
 
     # Scores: warpgroup w holds tokens 32w..32w+31; output: warpgroup w holds columns 256w...
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, 256, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -194,9 +201,15 @@ def _mla_stage1_hopper(
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
     _tma_load(q_desc, [q_row, 0], q_bar, q_lat)
     _tma_load(qr_desc, [q_row, 0], q_bar, q_rope)
-    for st in gl.static_range(NUM_STAGES):
-        _load_tile(k_desc, kr_desc, k_lat.index(st), k_rope.index(st), k_bars.index(st), page_row_ptr,
-                   start + st * BLOCK_N, num_pages, st < num_tiles, PAGE_SIZE)
+    # Page ids are read one iteration before their TMA is issued (and validity two
+    # before it masks), so no page-table load sits on the loop's critical path.
+    row0, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+    row1, ok1 = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+    _load_tile(k_desc, kr_desc, k_lat.index(0), k_rope.index(0), k_bars.index(0), row0, 0 < num_tiles)
+    _load_tile(k_desc, kr_desc, k_lat.index(1), k_rope.index(1), k_bars.index(1), row1, 1 < num_tiles)
+    row_pf, ok_pf = _page_of(page_row_ptr, start, 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+    ok_cur = ok0
+    ok_nxt = ok1
 
     qk_scale = SM_SCALE * LOG2E
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=s_rows)
@@ -207,33 +220,35 @@ def _mla_stage1_hopper(
 
     mbarrier.wait(q_bar, 0)
     if PIPELINE:
-        # Scores of tile 0 ahead of the loop; the loop issues tile i + 1's before tile i's softmax.
-        _wait_tile(k_lat.index(0), k_rope.index(0), k_bars.index(0), 0, start, end, page_row_ptr, num_pages,
-                   num_tiles > 0, zero_layout, PAGE_SIZE)
+        # Scores of tile 0 ahead of the loop; each iteration issues tile i + 1's right
+        # behind tile i's P V, so the tensor cores run the two back to back.
+        _wait_tile(k_lat.index(0), k_rope.index(0), k_bars.index(0), 0, start, end, ok_cur, num_tiles > 0, zero_layout)
         s_next = warpgroup_mma(q_lat, k_lat.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_next = warpgroup_mma(q_rope, k_rope.index(0).permute((1, 0)), s_next, is_async=True)
-        s_next = warpgroup_mma_wait(0, deps=(s_next, ))
+        s_next = warpgroup_mma_wait(0, deps=(s_next,))
     for i in range(num_tiles):
-        stage = i % NUM_STAGES
+        stage = i % 2
         tile_start = start + i * BLOCK_N
-        _, page_ok = _tile_page(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
+        row_pf2, ok_pf2 = _page_of(page_row_ptr, start, i + 3, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
         if PIPELINE:
             s = s_next
-            nstage = (i + 1) % NUM_STAGES
-            has_next = i + 1 < num_tiles
-            _wait_tile(k_lat.index(nstage), k_rope.index(nstage), k_bars.index(nstage), ((i + 1) // NUM_STAGES) & 1,
-                       tile_start + BLOCK_N, end, page_row_ptr, num_pages, has_next, zero_layout, PAGE_SIZE)
-            # With no next tile this multiplies a stale (never refilled) stage; the result is dropped.
-            s_next = warpgroup_mma(q_lat, k_lat.index(nstage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_next = warpgroup_mma(q_rope, k_rope.index(nstage).permute((1, 0)), s_next, is_async=True)
         else:
-            _wait_tile(k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), (i // NUM_STAGES) & 1,
-                       tile_start, end, page_row_ptr, num_pages, True, zero_layout, PAGE_SIZE)
+            _wait_tile(
+                k_lat.index(stage),
+                k_rope.index(stage),
+                k_bars.index(stage),
+                (i // 2) & 1,
+                tile_start,
+                end,
+                ok_cur,
+                True,
+                zero_layout,
+            )
             s = warpgroup_mma(q_lat, k_lat.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s, ))
+            s = warpgroup_mma_wait(0, deps=(s,))
 
-        valid = ((tile_start + offs_n) < end) & page_ok
+        valid = ((tile_start + offs_n) < end) & ok_cur
         s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -248,13 +263,33 @@ def _mla_stage1_hopper(
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         acc = warpgroup_mma(p_smem, k_lat.index(stage), acc, is_async=True)
         if PIPELINE:
-            s_next, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
+            nstage = (i + 1) % 2
+            _wait_tile(
+                k_lat.index(nstage),
+                k_rope.index(nstage),
+                k_bars.index(nstage),
+                ((i + 1) // 2) & 1,
+                tile_start + BLOCK_N,
+                end,
+                ok_nxt,
+                i + 1 < num_tiles,
+                zero_layout,
+            )
+            # With no next tile this multiplies a stale stage; the result is dropped.
+            s_next = warpgroup_mma(q_lat, k_lat.index(nstage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_next = warpgroup_mma(q_rope, k_rope.index(nstage).permute((1, 0)), s_next, is_async=True)
+            acc, s_next = warpgroup_mma_wait(0, deps=(acc, s_next))
         else:
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            acc = warpgroup_mma_wait(0, deps=(acc,))
         # Both warpgroups are done with this stage (and with P) before it is refilled.
         gl.thread_barrier()
-        _load_tile(k_desc, kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), page_row_ptr,
-                   start + (i + NUM_STAGES) * BLOCK_N, num_pages, i + NUM_STAGES < num_tiles, PAGE_SIZE)
+        _load_tile(
+            k_desc, kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), row_pf, i + 2 < num_tiles
+        )
+        ok_cur = ok_nxt
+        ok_nxt = ok_pf
+        row_pf = row_pf2
+        ok_pf = ok_pf2
 
     mbarrier.invalidate(q_bar)
     for st in gl.static_range(NUM_STAGES):
@@ -269,6 +304,7 @@ def _mla_stage1_hopper(
     heads_o = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
     cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
     mo_rows = batch_idx * STRIDE_MOB + heads_o.to(gl.int64) * STRIDE_MOH + split_idx * STRIDE_MOS
+    o = o.to(mid_o_ptr.dtype.element_ty)
     gl.store(mid_o_ptr + mo_rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
     heads_s = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=s_rows)
     lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads_s * STRIDE_MLH + split_idx * STRIDE_MLS
