@@ -11,6 +11,18 @@ whole decode step, as for the other two.
 
 Times are CUDA-graph device times (:func:`benchmarks.timing.time_torch`), rotating
 input sets so that L2 does not serve them; FLOPs = 2 * batch * heads * ctx * (576 + 512).
+
+Measured 2026-12-04 on one H200 (132 SMs; torch 2.11, triton 3.6, sgl-flash-mla 1.0.0),
+best variant per row (p: PIPELINE, s: splits, dir: one split written straight to out):
+
+    row               ours (us, TFLOP/s)     torch_bridge   FlashMLA      ours/FlashMLA time
+    b1   ctx32k h128  p0 s66      39.2  233   74.0  123     41.2  222     1.05
+    b8   ctx16k h128  p1 s8       91.2  400  246.5  148     75.0  487     0.82
+    b64  ctx4k  h128  p1 s1 dir  173.2  422  479.2  152    123.7  590     0.71
+    b128 ctx1k  h128  p1 s1 dir  102.7  356  254.0  144     67.3  543     0.66
+    b64  ctx4k  h16   p1 s2       94.7   96  118.0   77     84.1  109     0.89
+
+(ours/FlashMLA time: FlashMLA's time over ours, i.e. our share of its TFLOP/s.)
 """
 
 from __future__ import annotations

@@ -13,23 +13,33 @@ registers at once; this kernel states the schedule explicitly.
 Design (one program = 64 query heads x one KV split of one batch row; 8 warps = two
 warpgroups; grid ``(cdiv(num_heads, 64), batch, num_kv_splits)``):
 
-* shared memory: Q ``[64, 576]`` bf16 loaded once by TMA; a ring of ``NUM_STAGES``
-  K tiles ``[64 tokens, 576]`` (one page of 64 tokens, or 64 contiguous tokens of a
-  larger page) loaded by TMA from a 2-D descriptor over the cache viewed as
-  ``[num_pages * page_size, 576]``, each stage with its own mbarrier; P ``[64, 64]``
-  bf16.  2 stages: 72 + 144 + 8 KB.
+* shared memory: Q ``[64, 576]`` bf16 loaded once by TMA; a ring of 2 K tiles
+  ``[64 tokens, 576]`` (one page of 64 tokens, or 64 contiguous tokens of a larger
+  page), each stage with its own mbarrier; P ``[64, 64]`` bf16.  72 + 144 + 8 KB
+  (229,912 bytes with the barriers: a third stage does not fit).  Block shapes must
+  be powers of two, so Q and K each come through two descriptors: the latent
+  ``[64, 512]`` and the rope part ``[64, 64]`` (over the same rows, row stride 576).
+* page ids are read from the page table an iteration before their TMA is issued, so
+  no dependent global load sits on the loop's critical path.
 * S = Q K^T by ``warpgroup_mma`` with the warps laid out [4, 2]: warpgroup w computes
-  the scores of tokens 32w..32w+31 of the tile (M=64, N=32, K=576).  The row maximum
-  of the online softmax is the only cross-warpgroup reduction per tile; row sums are
-  kept per element and reduced once at the end.
+  the scores of tokens 32w..32w+31 of the tile (M=64, N=32, K=512 + 64).  The row
+  maximum of the online softmax is the only cross-warpgroup reduction per tile; row
+  sums are kept per element and reduced once at the end.
 * P = exp2(S - m) goes to shared memory in bf16 (fence + barrier), then
   O = O * alpha + P V with the same [4, 2] warps: warpgroup w owns output columns
   256w..256w+255 (M=64, N=256, K=64; 128 fp32 registers a thread).  V is the first
   512 columns of the K tile already in shared memory (no second read, no copy).
-* pipelining (``PIPELINE``): the P V product of tile i and the Q K^T product of tile
-  i + 1 are issued back to back, asynchronously; the stage of tile i - 1 is refilled
-  by TMA as soon as its P V product has retired, so the copy of tile i + 1 overlaps
-  the softmax and products of tile i.
+* ``PIPELINE=1`` issues tile i + 1's Q K^T right behind tile i's P V (both
+  asynchronous, one wait), so the tensor cores run them back to back; ``PIPELINE=0``
+  waits for each product in turn.  Either way a stage is refilled by TMA as soon as
+  its P V has retired, a whole iteration before it is needed.
+
+Where it stands (H200, triton 3.6, benchmarks/mla_hopper.py): 254 registers a thread,
+no spills; ~420 TFLOP/s at b64 ctx4k (FlashMLA ~585), the tensor pipe ~46% busy.
+Both warpgroups run the same phases in lock step (products, then softmax, then the
+P barrier), so the tensor cores idle during each softmax.  Overlapping them needs a
+third K stage (no room) or FlashMLA's "seesaw" (one warpgroup's softmax against the
+other's products, warp-specialised, with K released chunk by chunk).
 
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per
