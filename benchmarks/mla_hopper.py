@@ -70,7 +70,9 @@ def default_splits(batch: int, num_heads: int, ctx: int, num_sms: int) -> int:
 
 
 class MlaHopper:
-    """Stage 1 (Gluon, sm_90) + our stage 2 for one problem shape and split count."""
+    """Stage 1 (Gluon, sm_90) + our stage 2 for one problem shape and split count.
+
+    ``pipeline`` 0 or 1: the two-warpgroup kernel's PIPELINE; 2: the seesaw kernel."""
 
     def __init__(
         self, batch, num_heads, num_pages, max_pages, sm_scale, num_kv_splits, pipeline, num_sms=132, direct=False
@@ -78,14 +80,17 @@ class MlaHopper:
         import torch
         from triton.experimental.gluon import language as gl
 
-        from jax_decode.kernels.mla_hopper import _mla_stage1_hopper
+        from jax_decode.kernels.mla_hopper import _mla_stage1_hopper, _mla_stage1_hopper_seesaw
         from torch_bridge.launcher import StageLauncher
 
         self.config = mla_config(batch, num_heads, num_pages, max_pages, sm_scale, num_kv_splits, num_sms)
         strides = self.config.contiguous_strides()
         self.stage2 = StageLauncher(self.config.stage2(strides))
-        self.kernel = _mla_stage1_hopper
-        self.layout = gl.NVMMASharedLayout.get_default_for([64, 512], gl.bfloat16)
+        self.seesaw = pipeline == 2
+        self.kernel = _mla_stage1_hopper_seesaw if self.seesaw else _mla_stage1_hopper
+        self.latent_block = 256 if self.seesaw else 512
+        self.num_warps = 4 if self.seesaw else 8
+        self.layout = gl.NVMMASharedLayout.get_default_for([64, self.latent_block], gl.bfloat16)
         self.grid = (math.ceil(num_heads / 64), batch, num_kv_splits)
         # mid_o / mid_lse strides by name from stage 2's own launch, so both agree on the layout.
         s2 = self.stage2.launch.meta()
@@ -96,6 +101,8 @@ class MlaHopper:
             SM_SCALE=float(sm_scale), NUM_HEADS=num_heads, PAGE_SIZE=PAGE_SIZE, CAPACITY=max_pages * PAGE_SIZE,
             NUM_KV_SPLITS=num_kv_splits, NUM_STAGES=2, PIPELINE=int(pipeline),
         )  # fmt: skip
+        if self.seesaw:
+            del self.meta["NUM_STAGES"], self.meta["PIPELINE"]
         if direct:  # one split: stage 1 writes out and lse itself (split strides 0)
             assert num_kv_splits == 1
             self.meta.update(
@@ -121,9 +128,9 @@ class MlaHopper:
             k2 = k_cache.view(-1, HEAD_DIM_QK)
             rope = self.layout  # a [64, 64] bf16 tile takes the same 128-byte swizzle
             self.descs[key] = (
-                TensorDescriptor(q2, [q2.shape[0], 512], [HEAD_DIM_QK, 1], [64, 512], self.layout),
+                TensorDescriptor(q2, [q2.shape[0], 512], [HEAD_DIM_QK, 1], [64, self.latent_block], self.layout),
                 TensorDescriptor(q2[:, 512:], [q2.shape[0], 64], [HEAD_DIM_QK, 1], [64, 64], rope),
-                TensorDescriptor(k2, [k2.shape[0], 512], [HEAD_DIM_QK, 1], [64, 512], self.layout),
+                TensorDescriptor(k2, [k2.shape[0], 512], [HEAD_DIM_QK, 1], [64, self.latent_block], self.layout),
                 TensorDescriptor(k2[:, 512:], [k2.shape[0], 64], [HEAD_DIM_QK, 1], [64, 64], rope),
             )
         return self.descs[key]
@@ -131,13 +138,22 @@ class MlaHopper:
     def stage1(self, q, k_cache, page_table, seq_lens):
         descs = self.descriptors(q, k_cache)
         self.kernel[self.grid](
-            *descs, page_table, seq_lens, self.num_pages, self.mid_o, self.mid_lse, num_warps=8, **self.meta
+            *descs,
+            page_table,
+            seq_lens,
+            self.num_pages,
+            self.mid_o,
+            self.mid_lse,
+            num_warps=self.num_warps,
+            **self.meta,
         )
 
     def __call__(self, q, k_cache, page_table, seq_lens, out, lse):
         if self.direct:
             descs = self.descriptors(q, k_cache)
-            self.kernel[self.grid](*descs, page_table, seq_lens, self.num_pages, out, lse, num_warps=8, **self.meta)
+            self.kernel[self.grid](
+                *descs, page_table, seq_lens, self.num_pages, out, lse, num_warps=self.num_warps, **self.meta
+            )
             return
         self.stage1(q, k_cache, page_table, seq_lens)
         self.stage2((self.mid_o, self.mid_lse, self.mid_lse, out, lse))
@@ -291,7 +307,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", default="all")
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--profile", action="store_true", help="only launch b64 ctx4k stage 1 a few times (for ncu)")
+    parser.add_argument("--variants", default=None, help="e.g. '2:1:1,1:1:1' (pipeline:splits:direct), rows 2,3 only")
     args = parser.parse_args(argv)
+    if args.variants:
+        return quick(args)
     if args.profile:
         q, k_cache, page_table, seq_lens = make_inputs(64, 128, 4096, seed=1)
         run = MlaHopper(64, 128, k_cache.shape[0], page_table.shape[1], 1 / math.sqrt(HEAD_DIM_QK), 1, 1)
@@ -402,6 +421,55 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print_table(results)
+    return 0
+
+
+def quick(args) -> int:
+    """Edge-case check and b64 ctx4k / b128 ctx1k timing of the given variants only."""
+    import torch
+
+    from benchmarks.timing import input_sets_needed, time_torch
+
+    variants = [tuple(int(x) for x in v.split(":")) for v in args.variants.split(",")]
+    sm_scale = 1.0 / math.sqrt(HEAD_DIM_QK)
+    q, k_cache, page_table, seq_lens = edge_case()
+    b, h = q.shape[:2]
+    results = []
+    for pipeline, _, direct in variants:
+        for n in sorted({1, 3} if not direct else {1}):
+            run = MlaHopper(b, h, k_cache.shape[0], page_table.shape[1], sm_scale, n, pipeline, 132, bool(direct))
+            out = torch.full((b, h, HEAD_DIM_V), float("nan"), dtype=torch.bfloat16, device="cuda")
+            lse = torch.full((b, h), float("nan"), dtype=torch.float32, device="cuda")
+            run(q, k_cache, page_table, seq_lens, out, lse)
+            torch.cuda.synchronize()
+            err = oracle_check(
+                q, k_cache, page_table, seq_lens, out, lse, sm_scale, list(range(b)), list(range(0, h, 9))
+            )
+            print("edge", pipeline, n, direct, err, flush=True)
+            results.append(dict(edge=True, pipeline=pipeline, splits=n, direct=direct, **err))
+    for batch, ctx, num_heads in (ROWS[2], ROWS[3]):
+        flops = 2 * batch * num_heads * ctx * (HEAD_DIM_QK + HEAD_DIM_V)
+        sets = [make_inputs(batch, num_heads, ctx, seed=100 + i) for i in range(input_sets_needed(batch * ctx * 1152))]
+        q, k_cache, page_table, seq_lens = sets[0]
+        out = torch.empty(batch, num_heads, HEAD_DIM_V, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(batch, num_heads, dtype=torch.float32, device="cuda")
+        for pipeline, splits, direct in variants:
+            run = MlaHopper(batch, num_heads, k_cache.shape[0], page_table.shape[1], sm_scale, splits, pipeline, 132,
+                            bool(direct))  # fmt: skip
+            out.fill_(float("nan"))
+            run(q, k_cache, page_table, seq_lens, out, lse)
+            torch.cuda.synchronize()
+            err = oracle_check(
+                q, k_cache, page_table, seq_lens, out, lse, sm_scale, [0, batch - 1], list(range(0, 128, 8))
+            )
+            ms = time_torch(lambda s, run=run, o=out, x=lse: run(s[0], s[1], s[2], s[3], o, x), sets, True, args.rep_ms)
+            entry = dict(batch=batch, ctx=ctx, pipeline=pipeline, splits=splits, direct=direct, us=ms * 1e3,
+                         tflops=flops / ms / 1e9, **err)  # fmt: skip
+            print(entry, flush=True)
+            results.append(entry)
+        del sets
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
     return 0
 
 

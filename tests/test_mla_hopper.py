@@ -32,16 +32,17 @@ def _gluon_hopper_missing() -> str | None:
 
 
 def compile_for_sm90(pipeline: int, num_heads: int = 128, num_kv_splits: int = 4):
-    """The kernel compiled for sm_90 (no GPU needed)."""
+    """The kernel compiled for sm_90 (no GPU needed); ``pipeline`` 2 is the seesaw kernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from jax_decode.kernels.mla_hopper import _mla_stage1_hopper
+    from jax_decode.kernels.mla_hopper import _mla_stage1_hopper, _mla_stage1_hopper_seesaw
 
-    layout = gl.NVMMASharedLayout.get_default_for([64, 512], gl.bfloat16)
-    latent, rope = f"tensordesc<bf16[64, 512],{layout!r}>", f"tensordesc<bf16[64, 64],{layout!r}>"
+    block = 256 if pipeline == 2 else 512
+    layout = gl.NVMMASharedLayout.get_default_for([64, block], gl.bfloat16)
+    latent, rope = f"tensordesc<bf16[64, {block}],{layout!r}>", f"tensordesc<bf16[64, 64],{layout!r}>"
     signature = dict(
         q_desc=latent,
         qr_desc=rope,
@@ -70,9 +71,13 @@ def compile_for_sm90(pipeline: int, num_heads: int = 128, num_kv_splits: int = 4
         NUM_STAGES=2,
         PIPELINE=pipeline,
     )
+    kernel, num_warps = _mla_stage1_hopper, 8
+    if pipeline == 2:
+        del constexprs["NUM_STAGES"], constexprs["PIPELINE"]
+        kernel, num_warps = _mla_stage1_hopper_seesaw, 4
     signature.update({name: "constexpr" for name in constexprs})
-    source = GluonASTSource(_mla_stage1_hopper, signature, constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+    source = GluonASTSource(kernel, signature, constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
 
 
 def _check_compile(pipeline: int) -> None:
@@ -116,7 +121,7 @@ def _run_isolated(name: str, *args) -> None:
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
 
 
-@pytest.mark.parametrize("pipeline", [0, 1], ids=lambda p: f"{p=}")
+@pytest.mark.parametrize("pipeline", [0, 1, 2], ids=lambda p: f"{p=}")
 def test_compiles_for_sm90(pipeline):
     missing = _gluon_hopper_missing()
     if missing:

@@ -41,6 +41,11 @@ P barrier), so the tensor cores idle during each softmax.  Overlapping them need
 third K stage (no room) or FlashMLA's "seesaw" (one warpgroup's softmax against the
 other's products, warp-specialised, with K released chunk by chunk).
 
+``_mla_stage1_hopper_seesaw`` (below) is a first draft of that seesaw, NOT YET RUN ON A
+GPU: it compiles for sm_90 (222,540 bytes of shared memory; 255 registers with a
+208-byte stack, i.e. some spills, in warpgroup 0), and nothing launches it except
+``benchmarks/mla_hopper.py --variants 2:1:1``, which checks it against the oracle first.
+
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per
 split and ``mid_lse`` f32 ``[batch, num_heads, num_kv_splits]`` (natural log); a split
@@ -319,3 +324,353 @@ def _mla_stage1_hopper(
     heads_s = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=s_rows)
     lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads_s * STRIDE_MLH + split_idx * STRIDE_MLS
     gl.store(lse_ptrs, lse, mask=heads_s < NUM_HEADS)
+
+
+# --------------------------------------------------------------------------------------
+# Seesaw schedule (FlashMLA's, see the module docstring): two warp-specialised
+# warpgroups, each computing whole-tile scores for alternate tiles, so that one's
+# softmax runs while the other's products use the tensor cores.
+
+
+@gluon.jit
+def _safe(m):
+    # A row with no valid token yet keeps m = -inf; subtract 0 instead (exp2 gives 0, not NaN).
+    return gl.where(m == float("-inf"), 0.0, m)
+
+
+@gluon.jit
+def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, s_zero):
+    """S = Q K^T of one tile over the latent halves and the rope part (K = 256 + 256 + 64)."""
+    s = warpgroup_mma(q_l, k_l.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_r, k_r.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(q_e, k_e.permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=(s,))
+
+
+@gluon.jit
+def _seesaw_partition(
+    k_desc,
+    kr_desc,
+    q_l,
+    q_r,
+    q_e,
+    k_l,
+    k_r,
+    k_e,
+    full,
+    xbars,
+    s_m0,
+    s_m1,
+    s_l,
+    page_row_ptr,
+    num_pages,
+    start,
+    end,
+    num_tiles,
+    mid_o_ptr,
+    mid_lse_ptr,
+    batch_idx,
+    head_block,
+    split_idx,
+    STRIDE_MOB: gl.constexpr,
+    STRIDE_MOH: gl.constexpr,
+    STRIDE_MOS: gl.constexpr,
+    STRIDE_MLB: gl.constexpr,
+    STRIDE_MLH: gl.constexpr,
+    STRIDE_MLS: gl.constexpr,
+    SM_SCALE: gl.constexpr,
+    NUM_HEADS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    WG: gl.constexpr,
+):
+    """One warpgroup of the seesaw: WG 0 scores even tiles and owns output columns 0..255,
+    WG 1 odd tiles and columns 256..511.  Per pair of tiles (K0 even, K1 odd):
+
+        [0] S0 = Q K0^T            [1] S1 = Q K1^T
+        [0] m0 = max(m, S0), publish; P0 = exp2(S0 - m0); O_L = O_L * sc0 + P0 V0_L
+        [1] m1 = max(m0, S1), publish; P1 = exp2(S1 - m1) -> smem; O_R = O_R * sc0 sc1 + P1 V1_R
+        [0] P0 *= sc1 -> smem       [1] O_R += P0 V0_R
+        [0] O_L = O_L * sc1 + P1 V1_L
+
+    Each part of a K stage (latent left, latent right, rope) is refilled by TMA by the
+    warpgroup that uses it last, as soon as it has; P0 and P1 live in the rope part of
+    their tile's stage once that tile's scores are done.
+    """
+    BLOCK_H: gl.constexpr = 64
+    BLOCK_N: gl.constexpr = 64
+    HALF: gl.constexpr = 256
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    qk_scale = SM_SCALE * LOG2E
+
+    bar_m0 = xbars.index(0)
+    bar_m1 = xbars.index(1)
+    bar_p0 = xbars.index(2)
+    bar_p1 = xbars.index(3)
+    bar_fin = xbars.index(4)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=rows)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    num_pairs = gl.cdiv(num_tiles, 2)
+
+    for j in range(num_pairs):
+        phase = j & 1
+        t0 = 2 * j
+        t1 = 2 * j + 1
+        has_t1 = t1 < num_tiles
+        # This pair's validity, and the rows of the next pair's tiles (for the refills).
+        _, ok0 = _page_of(page_row_ptr, start, t0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+        _, ok1 = _page_of(page_row_ptr, start, t1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+        row0n, _ = _page_of(page_row_ptr, start, t0 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+        row1n, _ = _page_of(page_row_ptr, start, t1 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+        has_t0n = t0 + 2 < num_tiles
+        has_t1n = t1 + 2 < num_tiles
+        if WG == 0:
+            # ---- scores of the even tile
+            mbarrier.wait(full.index(0), phase)
+            mbarrier.wait(full.index(1), phase)
+            mbarrier.wait(full.index(2), phase)
+            ts0 = start + t0 * BLOCK_N
+            if (ts0 + BLOCK_N > end) | (~ok0):
+                _zero_invalid_rows(k_l.index(0), ts0, end, ok0, zero_layout)
+                _zero_invalid_rows(k_r.index(0), ts0, end, ok0, zero_layout)
+                _zero_invalid_rows(k_e.index(0), ts0, end, ok0, zero_layout)
+                fence_async_shared()
+                gl.thread_barrier()
+            s = _seesaw_scores(q_l, q_r, q_e, k_l.index(0), k_r.index(0), k_e.index(0), s_zero)
+            valid = ((ts0 + offs_n) < end) & ok0
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+            m0 = gl.maximum(m_i, gl.max(s, 1))
+            s_m0.store(m0)
+            gl.thread_barrier()
+            mbarrier.arrive(bar_m0)
+            ms0 = _safe(m0)
+            sc0 = gl.exp2(m_i - ms0)
+            p = gl.exp2(s - ms0[:, None])
+            l_i = l_i * sc0 + gl.sum(p, 1)
+            acc = acc * gl.convert_layout(sc0, o_rows)[:, None]
+            # P0 waits in bf16 for its rescale by sc1 (half the registers of fp32).
+            p = p.to(gl.bfloat16)
+            p_op = gl.convert_layout(p, a_layout)
+            acc = warpgroup_mma(p_op, k_l.index(0), acc, is_async=True)
+            # ---- the odd tile's max
+            mbarrier.wait(bar_m1, phase)
+            m1 = s_m1.load(rows)
+            sc1 = gl.exp2(m0 - _safe(m1))
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            _load_half(k_desc, k_l.index(0), full.index(0), row0n, 0, has_t0n)
+            p = p.to(gl.float32) * sc1[:, None]
+            l_i = l_i * sc1
+            m_i = m1
+            k_e.index(0).store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(bar_p0)
+            # ---- P1 V1_L
+            acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
+            mbarrier.wait(bar_p1, phase)
+            if has_t1:
+                acc = warpgroup_mma(k_e.index(1), k_l.index(1), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+            gl.thread_barrier()
+            _load_half(k_desc, k_l.index(1), full.index(3), row1n, 0, has_t1n)
+            _load_rope(kr_desc, k_e.index(1), full.index(5), row1n, has_t1n)
+        else:
+            # ---- scores of the odd tile (none past the end: every score -inf)
+            ts1 = start + t1 * BLOCK_N
+            mbarrier.wait(full.index(3), phase, pred=has_t1)
+            mbarrier.wait(full.index(4), phase, pred=has_t1)
+            mbarrier.wait(full.index(5), phase, pred=has_t1)
+            if has_t1 & ((ts1 + BLOCK_N > end) | (~ok1)):
+                _zero_invalid_rows(k_l.index(1), ts1, end, ok1, zero_layout)
+                _zero_invalid_rows(k_r.index(1), ts1, end, ok1, zero_layout)
+                _zero_invalid_rows(k_e.index(1), ts1, end, ok1, zero_layout)
+                fence_async_shared()
+                gl.thread_barrier()
+            s = s_zero
+            if has_t1:
+                s = _seesaw_scores(q_l, q_r, q_e, k_l.index(1), k_r.index(1), k_e.index(1), s_zero)
+            valid = ((ts1 + offs_n) < end) & ok1 & has_t1
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+            mbarrier.wait(bar_m0, phase)
+            m0 = s_m0.load(rows)
+            ms0 = _safe(m0)
+            sc0 = gl.exp2(m_i - ms0)
+            m1 = gl.maximum(m0, gl.max(s, 1))
+            s_m1.store(m1)
+            gl.thread_barrier()
+            mbarrier.arrive(bar_m1)
+            ms1 = _safe(m1)
+            sc1 = gl.exp2(m0 - ms1)
+            p = gl.exp2(s - ms1[:, None])
+            l_i = l_i * (sc0 * sc1) + gl.sum(p, 1)
+            m_i = m1
+            k_e.index(1).store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(bar_p1)
+            acc = acc * gl.convert_layout(sc0 * sc1, o_rows)[:, None]
+            if has_t1:
+                p_op = gl.convert_layout(p.to(gl.bfloat16), a_layout)
+                acc = warpgroup_mma(p_op, k_r.index(1), acc, is_async=True)
+                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            gl.thread_barrier()
+            _load_half(k_desc, k_r.index(1), full.index(4), row1n, HALF, has_t1n)
+            # ---- P0 V0_R
+            mbarrier.wait(bar_p0, phase)
+            acc = warpgroup_mma(k_e.index(0), k_r.index(0), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            gl.thread_barrier()
+            _load_half(k_desc, k_r.index(0), full.index(1), row0n, HALF, has_t0n)
+            _load_rope(kr_desc, k_e.index(0), full.index(2), row0n, has_t0n)
+
+    # Row sums: each warpgroup summed its own tiles' P (on the same running max).
+    s_l.slice(WG * BLOCK_H, BLOCK_H).store(l_i)
+    gl.thread_barrier()
+    mbarrier.arrive(bar_fin)
+    mbarrier.wait(bar_fin, 0)
+    l_tot = s_l.slice(0, BLOCK_H).load(rows) + s_l.slice(BLOCK_H, BLOCK_H).load(rows)
+    has_tokens = l_tot > 0
+    l_safe = gl.where(has_tokens, l_tot, 1.0)
+    o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+    heads_o = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+    cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    mo_rows = batch_idx * STRIDE_MOB + heads_o.to(gl.int64) * STRIDE_MOH + split_idx * STRIDE_MOS
+    o = o.to(mid_o_ptr.dtype.element_ty)
+    gl.store(mid_o_ptr + mo_rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
+    if WG == 0:
+        lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        heads_s = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
+        lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads_s * STRIDE_MLH + split_idx * STRIDE_MLS
+        gl.store(lse_ptrs, lse, mask=heads_s < NUM_HEADS)
+
+
+@gluon.jit
+def _load_half(k_desc, dst, bar, row, col: gl.constexpr, pred):
+    mbarrier.expect(bar, k_desc.block_type.nbytes, pred=pred)
+    _tma_load(k_desc, [row, col], bar, dst, pred=pred)
+
+
+@gluon.jit
+def _load_rope(kr_desc, dst, bar, row, pred):
+    mbarrier.expect(bar, kr_desc.block_type.nbytes, pred=pred)
+    _tma_load(kr_desc, [row, 0], bar, dst, pred=pred)
+
+
+@gluon.jit
+def _seesaw_worker(args):
+    _seesaw_call(args, 1)
+
+
+@gluon.jit
+def _seesaw_default(args):
+    _seesaw_call(args, 0)
+
+
+@gluon.jit
+def _seesaw_call(args, WG: gl.constexpr):
+    (k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start, end,
+     num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts) = args  # fmt: skip
+    _seesaw_partition(
+        k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start,
+        end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx,
+        consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6], consts[7], consts[8], WG,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _mla_stage1_hopper_seesaw(
+    q_desc,  # TMA over q[..., :512] viewed as [batch * num_heads, 512], block [64, 256]
+    qr_desc,  # TMA over q[..., 512:] viewed as [batch * num_heads, 64], block [64, 64]
+    k_desc,  # TMA over the cache's latent [num_pages * page_size, 512] (row stride 576), block [64, 256]
+    kr_desc,  # TMA over the cache's rope part [num_pages * page_size, 64] (row stride 576), block [64, 64]
+    page_table_ptr,  # int32 [batch, max_pages]
+    seq_lens_ptr,  # int32 [batch]
+    num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
+    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v] (or the final out)
+    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits] (or the final lse)
+    STRIDE_PTB: gl.constexpr,
+    STRIDE_MOB: gl.constexpr,
+    STRIDE_MOH: gl.constexpr,
+    STRIDE_MOS: gl.constexpr,
+    STRIDE_MLB: gl.constexpr,
+    STRIDE_MLH: gl.constexpr,
+    STRIDE_MLS: gl.constexpr,
+    SM_SCALE: gl.constexpr,
+    NUM_HEADS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    CAPACITY: gl.constexpr,
+    NUM_KV_SPLITS: gl.constexpr,
+):
+    """The seesaw schedule (draft, not yet run on a GPU): launch with num_warps=4
+    (warpgroup 0; warpgroup 1 is a worker partition).  Same outputs as _mla_stage1_hopper;
+    the latent comes through [64, 256] descriptor blocks (two halves)."""
+    BLOCK_H: gl.constexpr = 64
+    BLOCK_N: gl.constexpr = 64
+    gl.static_assert(q_desc.block_type.shape[1] == 256, "latent halves")
+    gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "a K tile must lie inside one page")
+    head_block = gl.program_id(0)
+    batch_idx = gl.program_id(1).to(gl.int64)
+    split_idx = gl.program_id(2)
+    seq_len = gl.load(seq_lens_ptr + batch_idx)
+    seq_len = gl.minimum(gl.maximum(seq_len, 0), CAPACITY)
+    per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
+    start = split_idx * per_split
+    end = gl.minimum(start + per_split, seq_len)
+    num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+
+    half_layout: gl.constexpr = k_desc.layout
+    rope_layout: gl.constexpr = kr_desc.layout
+    q_l = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 256], half_layout)
+    q_r = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 256], half_layout)
+    q_e = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], rope_layout)
+    k_l = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
+    k_r = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
+    k_e = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], rope_layout)
+    vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    s_m0 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
+    s_m1 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
+    s_l = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], vec_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    # full[0..2]: stage 0's latent-left, latent-right, rope; full[3..5]: stage 1's.
+    full = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    # exchanges: m0, m1, P0, P1 once a pair; the final row sums (both warpgroups).
+    xbars = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(6):
+        mbarrier.init(full.index(i), count=1)
+    for i in gl.static_range(4):
+        mbarrier.init(xbars.index(i), count=1)
+    mbarrier.init(xbars.index(4), count=2)
+    fence_async_shared()
+
+    q_row = (batch_idx * NUM_HEADS).to(gl.int32) + head_block * BLOCK_H
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+    _tma_load(q_desc, [q_row, 0], q_bar, q_l)
+    _tma_load(q_desc, [q_row, 256], q_bar, q_r)
+    _tma_load(qr_desc, [q_row, 0], q_bar, q_e)
+    row0, _ = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+    row1, _ = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+    has0 = 0 < num_tiles
+    has1 = 1 < num_tiles
+    _load_half(k_desc, k_l.index(0), full.index(0), row0, 0, has0)
+    _load_half(k_desc, k_r.index(0), full.index(1), row0, 256, has0)
+    _load_rope(kr_desc, k_e.index(0), full.index(2), row0, has0)
+    _load_half(k_desc, k_l.index(1), full.index(3), row1, 0, has1)
+    _load_half(k_desc, k_r.index(1), full.index(4), row1, 256, has1)
+    _load_rope(kr_desc, k_e.index(1), full.index(5), row1, has1)
+    mbarrier.wait(q_bar, 0)
+
+    consts: gl.constexpr = (STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS, SM_SCALE,
+                            NUM_HEADS, PAGE_SIZE)  # fmt: skip
+    args = (k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start,
+            end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts)  # fmt: skip
+    gl.warp_specialize([(_seesaw_default, (args,)), (_seesaw_worker, (args,))], [4], [248])
