@@ -69,7 +69,20 @@ def write_cache(ops: WriteOperands, problem: WriteProblem):
     in_range = (slots >= 0) & (slots < num_slots)
     index = jnp.where(in_range, slots, num_slots)  # past the end: dropped below
     if ops.scale is not None:
-        new = new.astype(jnp.float32) / ops.scale[:, None]
+        # The correctly rounded float32 quotient, as the kernels' div_rn: a float64
+        # quotient rounded to float32 is that (53 >= 2 * 24 + 2 bits), whereas XLA divides
+        # float32 approximately on GPUs (div.full.f32, an ulp off for ~20% of quotients).
+        # The barriers keep it a float64 division: XLA's simplifier would turn a division
+        # by a broadcast into a multiply by the reciprocal, and LLVM would narrow
+        # f32(f64(a) / f64(b)) back to a float32 division.
+        if hasattr(jax, "enable_x64"):
+            enable_x64 = jax.enable_x64
+        else:  # older JAX
+            from jax.experimental import enable_x64
+        with enable_x64(True):
+            divisor = jnp.broadcast_to(ops.scale[:, None], new.shape)
+            wide = jax.lax.optimization_barrier((new.astype(jnp.float64), divisor.astype(jnp.float64)))
+            new = jax.lax.optimization_barrier(wide[0] / wide[1]).astype(jnp.float32)
     fp8 = FP8_FORMATS.get(problem.cache_dtype)
     if fp8 is None:
         flat = cache.reshape(num_slots, *cache.shape[2:])

@@ -31,8 +31,35 @@ def scores_log2(qk, SM_SCALE: tl.constexpr, LOGIT_CAP: tl.constexpr):
 
 
 @triton.jit
+def cast_rne(x, DTYPE: tl.constexpr, BY_BITS: tl.constexpr):
+    """``x.to(DTYPE)`` rounded to nearest even, as a GPU's ``cvt.rn`` rounds.
+
+    Triton's interpreter truncates float32 -> bfloat16 (and float16 -> bfloat16, which
+    it does through float32), and mangles subnormals; ``fp_downcast_rounding="rtne"``
+    is already the default and changes neither.  With BY_BITS such an ``x`` becomes
+    bfloat16 by integer arithmetic instead (ties to even, overflow to inf, NaN stays
+    NaN), the same bits everywhere.  Other casts round to nearest even in the
+    interpreter too (NumPy's), and are left alone.
+    """
+    if BY_BITS and DTYPE == tl.bfloat16 and (x.dtype == tl.float32 or x.dtype == tl.float16):
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        # Round off the low 16 bits: add just under half their range, plus 1 when the
+        # kept part is odd, so exact ties go to even (a carry into the exponent is right).
+        rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+        # A NaN keeps its sign and top bits, made quiet so that it stays a NaN.
+        rounded = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, (bits >> 16) | 0x40, rounded)
+        y = rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        y = x.to(DTYPE)
+    return y
+
+
+@triton.jit
 def to_f16_clamped(x):
-    """float16 of x, saturated to +-65504 (only values beyond that change beyond rounding)."""
+    """float16 of x, saturated to +-65504 (only values beyond that change beyond rounding).
+
+    Rounded to nearest even: the interpreter's float32 -> float16 cast is NumPy's.
+    """
     return tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
 

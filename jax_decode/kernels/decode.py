@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from jax_decode.kernels.common import (
+    cast_rne,
     dot,
     kv_scale,
     load_rows,
@@ -209,7 +210,9 @@ def _decode_stage1(
         if BLOCK_H == 1:
             acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
         else:
-            acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
+            # p rounds to v's dtype as the tensor cores take it; DOT_UPCAST is set for the
+            # interpreter only, whose own bfloat16 cast would truncate.
+            acc = acc * alpha[:, None] + dot(cast_rne(p, v.dtype, DOT_UPCAST), v, DOT_PRECISION, DOT_UPCAST)
         l_i = l_i * alpha + row_sum(p, BLOCK_H)
         m_i = m_new
 
@@ -282,6 +285,8 @@ def _decode_stage2(
     has_tokens = denom > 0
     out = acc / tl.where(has_tokens, denom, 1.0)
     out_ptrs = out_ptr + batch_idx * STRIDE_OB + head * STRIDE_OH + offs_dv
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_dv)
+    # Rounded by bits on every platform (stage 2 has no interpreter-only constexpr): on a
+    # GPU the result is the same cvt.rn rounding, in the interpreter no longer truncated.
+    tl.store(out_ptrs, cast_rne(out, out_ptr.dtype.element_ty, True), mask=mask_dv)
     lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
     tl.store(lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, lse)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jax_decode.kernels.common import kv_scale
+from jax_decode.kernels.common import cast_rne, kv_scale
 
 
 @triton.jit
@@ -73,10 +73,11 @@ def _write_cache(
 ):
     """Scatter one token's row for one KV head into its cache slot (paged KV write).
 
-    For an fp8 cache the row is quantised: divided by the scale and clamped to the
-    format's finite range (no inf or NaN from a large value), then rounded to nearest
-    even; a NaN (in the row, or from a NaN scale) is stored as the format's positive
-    NaN, as in every backend.
+    A scaled row is the correctly rounded float32 quotient ``row / scale``, then cast
+    to the cache's dtype rounding to nearest even, as in every backend.  For an fp8
+    cache the quotient is clamped to the format's finite range (no inf or NaN from a
+    large value) before rounding; a NaN (in the row, or from a NaN scale) is stored as
+    the format's positive NaN.
     """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -88,9 +89,15 @@ def _write_cache(
     mask = offs < HEAD_DIM
     row = tl.load(new_ptr + token * STRIDE_NT + head * STRIDE_NH + offs, mask=mask, other=0.0)
     if SCALE > 0:
-        row = row.to(tl.float32) / kv_scale(scale_ptr, head, SCALE)
+        # div_rn: the correctly rounded quotient, as the interpreter and XLA compute it
+        # (a plain `/` compiles to the approximate div.full.f32).
+        row = tl.math.div_rn(row.to(tl.float32), kv_scale(scale_ptr, head, SCALE))
     if FP8_MAN_BITS > 0:
         bits = quantise_fp8(row, SATURATE, FP8_MAN_BITS, FP8_BIAS, FP8_NAN_BITS)
         row = bits.to(cache_ptr.dtype.element_ty, bitcast=True)
+    else:
+        # By bits on every platform (this launch has no interpreter-only constexpr); a
+        # no-op unless float32 or float16 rows go into a bfloat16 cache.
+        row = cast_rne(row, cache_ptr.dtype.element_ty, True)
     dst = cache_ptr + (slot // PAGE_SIZE) * STRIDE_CP + (slot % PAGE_SIZE) * STRIDE_CS + head * STRIDE_CH
-    tl.store(dst + offs, row.to(cache_ptr.dtype.element_ty), mask=mask & valid)
+    tl.store(dst + offs, row, mask=mask & valid)
