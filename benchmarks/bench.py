@@ -150,6 +150,7 @@ def _problem_for(row: Row, arrays, seed: int = 0):
         sinks=row.sinks,
         compact=row.lengths == "mixed",
         arrays=arrays,
+        q_len=row.q_len if row.q_len > 1 else None,
     )
 
 
@@ -192,7 +193,7 @@ def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
 
     options = _options(row)
     impls: dict[str, tuple] = {}
-    out_shape = (row.batch, row.num_heads, row.head_dim_v)
+    out_shape = (row.batch, *((row.q_len,) if row.q_len > 1 else ()), row.num_heads, row.head_dim_v)
 
     def bridge(splits=None):
         out = torch.empty(out_shape, device=DEVICE, dtype=getattr(torch, row.dtype))
@@ -240,18 +241,21 @@ def _flashmla(row: Row):
             try:
                 metadata[id(p)] = flash_mla.get_mla_metadata()[0]
             except TypeError:  # the older signature: from the lengths
-                metadata[id(p)] = flash_mla.get_mla_metadata(sl, row.num_heads // row.num_kv_heads, row.num_kv_heads)
+                metadata[id(p)] = flash_mla.get_mla_metadata(
+                    sl, row.q_len * row.num_heads // row.num_kv_heads, row.num_kv_heads
+                )
+        tokens = q if row.q_len > 1 else q[:, None]  # [batch, s_q, heads, 576]; causal among the s_q
         out, _ = flash_mla.flash_mla_with_kvcache(
-            q[:, None], k, pt, sl, row.head_dim_v, metadata[id(p)], softmax_scale=row.head_dim_qk**-0.5,
-            causal=False, is_fp8_kvcache=False, use_legacy=True,
+            tokens, k, pt, sl, row.head_dim_v, metadata[id(p)], softmax_scale=row.head_dim_qk**-0.5,
+            causal=row.q_len > 1, is_fp8_kvcache=False, use_legacy=True,
         )  # fmt: skip
-        return out[:, 0]
+        return out if row.q_len > 1 else out[:, 0]
 
     return ("torch", run)
 
 
 def _vllm(row: Row):
-    if row.kv_dtype or row.window_left is not None or row.sinks:
+    if row.kv_dtype or row.window_left is not None or row.sinks or row.q_len > 1:
         return ("skip", "unsupported")
     try:
         from vllm.attention.ops.triton_decode_attention import decode_attention_fwd
@@ -451,9 +455,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0].split(": ", 1)[1],
         epilog="Suites: core (the six core shapes plus fp16 / page-1 rows, and fp8 / window feature rows); "
         "models (real models' attention layers at several batches and contexts, uniform and long-tailed "
-        "lengths, with fp8-cache variants).",
+        "lengths, with fp8-cache variants); multi (one and several query tokens per row: speculative "
+        "verification and multi-token prediction); all (core and models).",
     )
-    parser.add_argument("--suite", default="core", choices=(*SUITES, "all"))
+    parser.add_argument("--suite", default="core", choices=(*SUITES, "all"))  # "all": core and models
     parser.add_argument("--rows", nargs="*", help="only rows whose label contains one of these")
     parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
                         help=f"comma-separated, of: {', '.join(IMPLEMENTATIONS)}")  # fmt: skip
@@ -464,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="processes compiling kernels before the timing")
     args = parser.parse_args(argv)
 
-    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    suites = ["core", "models"] if args.suite == "all" else [args.suite]
     rows = [row for suite in suites for row in SUITES[suite]()]
     if args.rows:
         rows = [r for r in rows if any(s in r.label for s in args.rows)]

@@ -74,17 +74,20 @@ class Row:
     logit_cap: float = 0.0
     sinks: bool = False
     lengths: str = "uniform"  # or "mixed"
-    suite: str = "core"  # "core" (the geometric mean), "feature" or "models"
+    suite: str = "core"  # "core" (the geometric mean), "feature", "models" or "multi"
+    q_len: int = 1  # query tokens per row (multi-token decode: q [batch, q_len, heads, d])
 
     @property
     def label(self) -> str:
         label = self.name if self.dtype == "bfloat16" else f"{self.name} {self.dtype}"
-        if self.suite == "models":
+        if self.suite in ("models", "multi"):
             label += f" b{self.batch} {'mean ' if self.lengths == 'mixed' else ''}ctx{self.context}"
         if self.kv_dtype:
             label += f" kv-{self.kv_dtype.removeprefix('float8_')}"
         if self.window_left is not None and self.suite != "models":
             label += f" window{self.window_left}"
+        if self.suite == "multi":
+            label += f" q_len{self.q_len}"
         return label
 
     @property
@@ -115,7 +118,7 @@ class Row:
         """Multiply-adds of q.k and p.v, two FLOPs each, over every attended token."""
         seq_lens = self.seq_lens() if seq_lens is None else seq_lens
         tokens = int(self.attended(seq_lens).sum())
-        return 2 * tokens * self.num_heads * (self.head_dim_qk + self.head_dim_v)
+        return 2 * tokens * self.q_len * self.num_heads * (self.head_dim_qk + self.head_dim_v)
 
 
 def core_suite() -> list[Row]:
@@ -148,4 +151,24 @@ def model_suite() -> list[Row]:
     return rows
 
 
-SUITES = {"core": core_suite, "models": model_suite}
+# Multi-token decode (speculative-draft verification, multi-token prediction): each row
+# at one token and at q_len tokens, the bytes read the same.
+MULTI_TOKEN = (("Llama-3.1-8B", 4), ("Qwen2.5-7B", 4), ("DeepSeek-V3 DP", 2), ("DeepSeek-V3 TP8", 2))
+MULTI_WORKLOADS = ((16, 8192), (64, 4096))
+
+
+def multi_token_suite() -> list[Row]:
+    """Models of :data:`MULTI_TOKEN` at each workload, with one query token per row and
+    with the model's q_len."""
+    models = {m.name: m for m in MODELS}
+    rows = []
+    for name, q_len in MULTI_TOKEN:
+        fields = dataclasses.asdict(models[name])
+        fields.pop("name")
+        for batch, context in MULTI_WORKLOADS:
+            for tokens in (1, q_len):
+                rows.append(Row(name, batch=batch, context=context, suite="multi", q_len=tokens, **fields))
+    return rows
+
+
+SUITES = {"core": core_suite, "models": model_suite, "multi": multi_token_suite}

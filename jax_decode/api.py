@@ -2,7 +2,8 @@
 
 Dimension names::
 
-    batch       rows decoded in this step (one new query token each)
+    batch       rows decoded in this step
+    q_len       query tokens per row (1 to 16; its last q_len positions, already in the cache)
     num_heads   query heads;  num_kv_heads divides it (GQA / MQA; MHA when equal)
     head_dim_qk q and k width;  head_dim_v: v and output width (MLA: 576 and 512)
     num_pages, page_size   the paged cache;  max_pages: page-table width
@@ -51,10 +52,16 @@ def decode_attention(
     backend: Backend = "auto",
     check_inputs: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Attention of one new query token per row over that row's paged KV cache.
+    """Attention of each row's new query tokens over that row's paged KV cache.
 
     Args:
-      q: ``[batch, num_heads, head_dim_qk]``, float16, bfloat16 or float32.
+      q: ``[batch, num_heads, head_dim_qk]`` (one query token per row) or
+        ``[batch, q_len, num_heads, head_dim_qk]`` (``1 <= q_len <= 16``: speculative
+        drafts to verify, multi-token prediction), float16, bfloat16 or float32.  The
+        ``q_len`` tokens are the row's last positions, already written to the cache:
+        token ``t`` of row ``b`` attends to positions ``< seq_lens[b] - q_len + t + 1``
+        (causal among the new tokens).  Query head ``h`` uses KV head
+        ``h // (num_heads // num_kv_heads)``.
       k_cache: ``[num_pages, page_size, num_kv_heads, head_dim_qk]``, q's dtype or
         an fp8 dtype (``float8_e4m3fn``, ``float8_e5m2``; dequantised in the kernel).
       v_cache: ``[num_pages, page_size, num_kv_heads, head_dim_v]``, k_cache's dtype; or
@@ -76,9 +83,9 @@ def decode_attention(
         fp8 caches; ``None`` means 1.  With ``v_cache=None`` (MLA) V takes k_scale.
       sinks: float ``[num_heads]`` attention-sink logits (gpt-oss): each adds
         ``exp(sink)`` to its head's softmax denominator, in units of the scaled scores.
-      window_left: sliding window: attend only to the last ``window_left + 1`` tokens
-        of each row (Mistral / Gemma local layers); pages before the window are not
-        read.  ``None`` (or -1): the whole row.
+      window_left: sliding window: each query token attends only to the last
+        ``window_left + 1`` positions up to its own (Mistral / Gemma local layers); pages
+        before the window are not read.  ``None`` (or -1): the whole row.
       backend: ``"triton"`` (the kernels via jax_triton; CUDA/ROCm), ``"xla"`` (plain
         JAX, any platform), ``"interpret"`` (the kernels in Triton's interpreter on the
         host; needs torch; for testing), or ``"auto"``: triton on GPU, xla elsewhere,
@@ -91,8 +98,8 @@ def decode_attention(
         touch memory out of bounds either way (see the README for what such inputs return).
 
     Returns:
-      ``out [batch, num_heads, head_dim_v]`` in q's dtype, and with ``return_lse``
-      also ``lse`` float32 ``[batch, num_heads]``.
+      ``out [batch, (q_len,) num_heads, head_dim_v]`` in q's dtype (with q_len when q
+      has it), and with ``return_lse`` also ``lse`` float32 ``[batch, (q_len,) num_heads]``.
     """
     check_backend(backend)
     check_flag("return_lse", return_lse)
@@ -138,7 +145,7 @@ def _decode(given: DecodeOperands, options: DecodeOptions, backend: str, check_i
 
         rows = full._replace(**{name: folded(name) for name in ROW_OPERANDS})
         out, lse = _decode(rows, options, backend)
-        return (out.reshape(axis_size, -1, *out.shape[1:]), lse.reshape(axis_size, -1, lse.shape[-1])), (True, True)
+        return (out.reshape(axis_size, -1, *out.shape[1:]), lse.reshape(axis_size, -1, *lse.shape[1:])), (True, True)
 
     # triton_call has no batching rule: under jax.vmap, fold the mapped axis into the
     # batch (one launch for all of it) instead.
@@ -193,8 +200,9 @@ def _checked_seq_lens(page_table, seq_lens, problem):
     :func:`_forget_delivered_check_failures`).
     """
     check = functools.partial(
-        check_index_values, num_pages=problem.num_pages, page_size=problem.page_size, window_left=problem.window_left
-    )
+        check_index_values, num_pages=problem.num_pages, page_size=problem.page_size,
+        window_left=problem.window_left, q_len=problem.q_len,
+    )  # fmt: skip
     if not isinstance(page_table, jax.core.Tracer) and not isinstance(seq_lens, jax.core.Tracer):
         check(np.asarray(page_table), np.asarray(seq_lens))
         return seq_lens
@@ -211,8 +219,7 @@ def _checked_seq_lens(page_table, seq_lens, problem):
 def _dispatch(ops: DecodeOperands, problem, backend: str, num_kv_splits: int | None):
     """(out, lse) of the checked operands on the chosen backend."""
     if problem.batch == 0:
-        out = jnp.zeros((0, problem.num_heads, problem.head_dim_v), ops.q.dtype)
-        return out, jnp.zeros((0, problem.num_heads), jnp.float32)
+        return jnp.zeros(problem.out_shape, ops.q.dtype), jnp.zeros(problem.lse_shape, jnp.float32)
     return dispatch(
         backend,
         on_gpu=lambda device: triton_backend.decode_attention(ops, make_launch_config(problem, device, num_kv_splits)),

@@ -50,8 +50,12 @@ def decode_attention_reference(
     sinks=None,
     window_left: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Returns ``(out float64[batch, num_heads, head_dim_v], lse float64[batch, num_heads])``.
+    """Returns ``(out float64[batch, num_heads, head_dim_v], lse float64[batch, num_heads])``,
+    or with a 4-D ``q [batch, q_len, num_heads, head_dim_qk]`` (several query tokens per
+    row) ``out [batch, q_len, num_heads, head_dim_v]`` and ``lse [batch, q_len, num_heads]``.
 
+    Query token ``t`` of row ``b`` is position ``seq_lens[b] - q_len + t``: it attends to
+    the positions before it and itself (causal among the row's new tokens).
     Inputs are anything ``np.asarray`` takes (bfloat16 and fp8 arrays included);
     ``v_cache=None`` means V is ``k_cache[..., :head_dim_v]``.  The cache holds
     ``K / k_scale`` (a scalar or one per KV head; ``v_cache=None``: V takes k_scale);
@@ -72,18 +76,22 @@ def decode_attention_reference(
     page_table = np.asarray(page_table).astype(np.int64)
     seq_lens = np.asarray(seq_lens).astype(np.int64)
 
-    batch, num_heads, head_dim_qk = q.shape
+    token_axis = q.ndim == 4
+    if not token_axis:
+        q = q[:, None]
+    batch, q_len, num_heads, head_dim_qk = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
     scale = 1.0 / np.sqrt(head_dim_qk) if sm_scale is None else float(sm_scale)
     capacity = page_table.shape[1] * page_size
 
-    out = np.zeros((batch, num_heads, v_cache.shape[-1]), np.float64)
-    lse = np.full((batch, num_heads), -np.inf, np.float64)
-    for b in range(batch):
+    out = np.zeros((batch, q_len, num_heads, v_cache.shape[-1]), np.float64)
+    lse = np.full((batch, q_len, num_heads), -np.inf, np.float64)
+    for b, t in np.ndindex(batch, q_len):
         length = min(max(int(seq_lens[b]), 0), capacity)
-        first = 0 if window_left is None or window_left < 0 else max(length - 1 - window_left, 0)
-        positions = np.arange(first, length)
+        end = length - q_len + 1 + t  # this token's position, plus one
+        first = 0 if window_left is None or window_left < 0 else max(end - 1 - window_left, 0)
+        positions = np.arange(first, max(end, 0))
         pages = page_table[b, positions // page_size]
         keep = (pages >= 0) & (pages < num_pages)
         pages, slots = pages[keep], positions[keep] % page_size
@@ -91,7 +99,7 @@ def decode_attention_reference(
             kv_head = h // group
             keys = k_cache[pages, slots, kv_head]  # [tokens, head_dim_qk]
             values = v_cache[pages, slots, kv_head]  # [tokens, head_dim_v]
-            scores = keys @ q[b, h] * scale
+            scores = keys @ q[b, t, h] * scale
             if logit_cap > 0:
                 scores = logit_cap * np.tanh(scores / logit_cap)
             # A sink is one more logit whose value is zero.
@@ -101,6 +109,6 @@ def decode_attention_reference(
             peak = max(scores.max(initial=-np.inf), *extra) if extra else scores.max()
             weights = np.exp(scores - peak)
             total = weights.sum() + sum(np.exp(x - peak) for x in extra)
-            out[b, h] = weights @ values / total
-            lse[b, h] = peak + np.log(total)
-    return out, lse
+            out[b, t, h] = weights @ values / total
+            lse[b, t, h] = peak + np.log(total)
+    return (out, lse) if token_axis else (out[:, 0], lse[:, 0])

@@ -43,7 +43,8 @@ from jax_decode.operands import DecodeOperands, WriteOperands
 
 # Each operand's dimensions as the sharding rules name them: b batch, k KV heads, g query
 # heads per KV head (q's heads are "(k g)"), d / e the q.k / v widths, p pages, s a
-# page's slots, m the page table's width, t a write's tokens.
+# page's slots, m the page table's width, t a write's tokens, and q's query tokens per
+# row (multi-token decode: "b t (k g) d", never split).
 _DECODE_FACTORS = {
     "q": "b (k g) d",
     "k_cache": "p s k d",
@@ -186,7 +187,7 @@ def plan_decode(mesh, dims: dict[str, tuple], problem: DecodeProblem) -> Split:
     if problem.num_kv_heads % _size(mesh, kv_heads):
         raise ShardingError(f"the caches' {problem.num_kv_heads} KV heads cannot be split evenly over {kv_heads}")
 
-    batch, heads = dims["q"][0], dims["q"][1]
+    batch, heads = dims["q"][0], dims["q"][2 if problem.token_axis else 1]
     heads = tuple(a for a in heads if a not in pages)  # every device of a page shard needs all of its rows' heads
     if heads[: len(kv_heads)] != kv_heads:
         heads = kv_heads  # a device needs the query heads of its KV heads
@@ -199,6 +200,8 @@ def plan_decode(mesh, dims: dict[str, tuple], problem: DecodeProblem) -> Split:
         batch = ()
     split = Split(batch=batch, heads=heads, kv_heads=kv_heads, pages=pages)
     for name, factors in _DECODE_FACTORS.items():
+        if name == "q" and problem.token_axis:
+            factors = "b t (k g) d"  # the token axis: never split
         if name in dims and name not in ("k_cache", "v_cache"):
             _warn_resharded("decode_attention", name, factors, dims[name], split)
     return split
@@ -241,7 +244,10 @@ def _decode_factors(problem: DecodeProblem) -> dict[str, str]:
     factors = {name: f.replace("(k g)", heads) for name, f in _DECODE_FACTORS.items()}
     for name, mode in (("k_scale", problem.k_scale), ("v_scale", problem.v_scale)):
         factors[name] = "k" if mode == SCALE_PER_KV_HEAD else name  # a per-tensor scale: one value, never split
-    factors["out"], factors["lse"] = f"b {heads} e", f"b {heads}"
+    rows = f"b t {heads}" if problem.token_axis else f"b {heads}"
+    if problem.token_axis:
+        factors["q"] = f"{rows} d"
+    factors["out"], factors["lse"] = f"{rows} e", rows
     return factors
 
 
@@ -294,6 +300,7 @@ def sharded_decode(ops: DecodeOperands, problem: DecodeProblem, compute: Callabl
         partition=partition,
         sharding_rule=f"{operands} -> {factors['out']}, {factors['lse']}",
         reduction_factors=("p",),
+        need_replication_factors=("t",) if problem.token_axis else (),
         **sizes,
     )
     return partitioned(*(getattr(ops, n) for n in names))

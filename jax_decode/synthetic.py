@@ -77,7 +77,7 @@ NUMPY = NumpyArrays()
 class PagedProblem:
     """The inputs of one decode-attention call (``v_cache`` None for MLA)."""
 
-    q: Any  # [batch, num_heads, head_dim_qk]
+    q: Any  # [batch, num_heads, head_dim_qk], or [batch, q_len, num_heads, head_dim_qk]
     k_cache: Any  # [num_pages, page_size, num_kv_heads, head_dim_qk]
     v_cache: Any | None  # [num_pages, page_size, num_kv_heads, head_dim_v]
     page_table: Any  # int32 [batch, max_pages]
@@ -173,6 +173,7 @@ def make_paged_problem(
     sinks: bool = False,
     compact: bool = False,
     arrays: ArrayFactory = NUMPY,
+    q_len: int | None = None,
 ) -> PagedProblem:
     """A random problem; ``max_pages`` defaults to what the longest row needs.
 
@@ -181,8 +182,10 @@ def make_paged_problem(
     one per KV head), with ``"none"`` the values themselves.  ``sinks`` draws one sink
     logit per head.  ``compact`` gives each row only the pages its length needs (the
     rest of its page-table row is -1 padding, never read), as a serving engine's
-    cache holds a batch of mixed lengths.  Page table, lengths, scales and sinks are drawn on the host and
-    handed to ``arrays``; q and the caches are drawn by it.
+    cache holds a batch of mixed lengths.  ``q_len`` gives q a token axis,
+    ``[batch, q_len, num_heads, head_dim_qk]`` (multi-token decode).  Page table,
+    lengths, scales and sinks are drawn on the host and handed to ``arrays``; q and the
+    caches are drawn by it.
     """
     rng = np.random.default_rng(seed)
     head_dim_v = head_dim_qk if head_dim_v is None else head_dim_v
@@ -204,7 +207,7 @@ def make_paged_problem(
         order = rng.permutation(num_pages).astype(np.int32)
         page_table = order[: batch * max_pages].reshape(batch, max_pages)
 
-    q = arrays.normal(rng, (batch, num_heads, head_dim_qk), dtype)
+    q = arrays.normal(rng, (batch, *(() if q_len is None else (q_len,)), num_heads, head_dim_qk), dtype)
     k_cache = arrays.normal(rng, (num_pages, page_size, num_kv_heads, head_dim_qk), dtype)
     v_cache = None if mla else arrays.normal(rng, (num_pages, page_size, num_kv_heads, head_dim_v), dtype)
     problem = PagedProblem(

@@ -30,6 +30,8 @@ SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
 FP8_DTYPES = tuple(FP8_FORMATS)  # cache-only dtypes: float8_e4m3fn, float8_e5m2
 INDEX_DTYPE = "int32"
 MAX_HEAD_DIM = 1024
+# Query tokens per row (speculative-decoding drafts, multi-token prediction).
+MAX_Q_LEN = 16
 # The kernels count a row's tokens in int32, with room for a block past the end.
 MAX_TOKENS_PER_ROW = 2**30
 INT32_MAX = 2**31 - 1
@@ -206,7 +208,11 @@ def check_decode_args(
     page_table_shape, page_table_dtype = operands.page_table
     seq_lens_shape, seq_lens_dtype = operands.seq_lens
     k_scale, v_scale, sinks = operands.k_scale, operands.v_scale, operands.sinks
-    _check_rank(n.q, q_shape, 3, "[batch, num_heads, head_dim_qk]")
+    if len(q_shape) not in (3, 4):
+        raise ValueError(
+            f"{n.q} must be 3-D [batch, num_heads, head_dim_qk] or 4-D [batch, q_len, num_heads, head_dim_qk], "
+            f"got shape {tuple(q_shape)}"
+        )
     _check_rank(n.k_cache, k_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_qk]")
     if v_shape is not None:
         _check_rank(n.v_cache, v_shape, 4, "[num_pages, page_size, num_kv_heads, head_dim_v]")
@@ -223,7 +229,8 @@ def check_decode_args(
     _check_index_dtype(n.page_table, dtype_name(page_table_dtype))
     _check_index_dtype(n.seq_lens, dtype_name(seq_lens_dtype))
 
-    batch, num_heads, head_dim_qk = q_shape
+    token_axis = len(q_shape) == 4
+    batch, q_len, num_heads, head_dim_qk = q_shape if token_axis else (q_shape[0], 1, *q_shape[1:])
     num_pages, page_size, num_kv_heads, k_head_dim = k_shape
     if batch > MAX_BATCH:
         raise ValueError(f"{n.q} batch ({batch}) must be at most {MAX_BATCH}; split the batch into several calls")
@@ -243,6 +250,8 @@ def check_decode_args(
             f"{n.k_cache} num_pages ({num_pages}) must be at most {INT32_MAX}: page ids are int32 "
             f"(got shape {tuple(k_shape)})"
         )
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"{n.q} q_len ({q_len}) must be in [1, {MAX_Q_LEN}] (query tokens per row)")
     if num_heads < 1 or num_kv_heads < 1:
         raise ValueError(f"num_heads ({num_heads}) and num_kv_heads ({num_kv_heads}) must be >= 1")
     if num_heads > MAX_GRID_AXIS:
@@ -305,6 +314,8 @@ def check_decode_args(
         v_scale=k_scale_mode if v_shape is None else v_scale_mode,
         window_left=check_window_left(window_left),
         has_sinks=sinks is not None,
+        q_len=int(q_len),
+        token_axis=token_axis,
     )
 
 
@@ -312,10 +323,13 @@ class BadIndexValues(ValueError):
     """A ``page_table`` / ``seq_lens`` value that ``check_inputs=True`` refuses."""
 
 
-def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int, window_left: int = -1) -> None:
+def check_index_values(
+    page_table, seq_lens, *, num_pages: int, page_size: int, window_left: int = -1, q_len: int = 1
+) -> None:
     """The checked mode's run-time rule, on host (NumPy) copies of the index arrays.
 
-    Every ``seq_lens[b]`` must be in ``[0, max_pages * page_size]``, and every page
+    Every ``seq_lens[b]`` must be in ``[0, max_pages * page_size]`` (``[q_len, ...]``
+    with more than one query token per row), and every page
     that a row's attended tokens live on (``page_table[b, :ceil(seq_lens[b] / page_size)]``;
     with a window only the pages holding its last ``window_left + 1`` tokens) must be in
     ``[0, num_pages)``.  Entries past a row's length, or wholly before its window, are
@@ -331,9 +345,17 @@ def check_index_values(page_table, seq_lens, *, num_pages: int, page_size: int, 
             f"seq_lens[{row}] = {seq_lens[row]} is outside [0, {capacity}] "
             f"(max_pages {page_table.shape[1]} * page_size {page_size})"
         )
+    # (With one query token a row of length 0 is allowed: an empty row, e.g. padding.)
+    for row in np.flatnonzero(seq_lens < q_len)[:1] if q_len > 1 else ():
+        raise BadIndexValues(
+            f"seq_lens[{row}] = {seq_lens[row]} is shorter than q_len ({q_len}): the row's {q_len} query tokens "
+            "are its last positions, already in the cache"
+        )
     lengths = seq_lens.astype(np.int64)
     pages_used = -(-lengths // page_size)  # [batch]
-    first_page = np.zeros_like(lengths) if window_left < 0 else np.maximum(lengths - 1 - window_left, 0) // page_size
+    # The first query token's window starts earliest.
+    first = lengths - q_len - window_left
+    first_page = np.zeros_like(lengths) if window_left < 0 else np.maximum(first, 0) // page_size
     columns = np.arange(page_table.shape[1])[None, :]
     used = (columns < pages_used[:, None]) & (columns >= first_page[:, None])
     bad = used & ((page_table < 0) | (page_table >= num_pages))

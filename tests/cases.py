@@ -30,6 +30,7 @@ class Case:
     kv_scales: str = "none"  # "none", "tensor" or "head"
     window_left: int | None = None
     sinks: bool = False
+    q_len: int | None = None  # query tokens per row (None: a 3-D q)
 
     @property
     def id(self) -> str:
@@ -42,7 +43,8 @@ class Case:
             id_ += f"_{self.kv_dtype.removeprefix('float8_')}_scale-{self.kv_scales}"
         if self.window_left is not None:
             id_ += f"_window{self.window_left}"
-        return id_ + ("_sinks" if self.sinks else "")
+        id_ += "_sinks" if self.sinks else ""
+        return id_ + (f"_qlen{self.q_len}" if self.q_len is not None else "")
 
     def lengths(self) -> list[int]:
         # 0, 1, a multiple of every BLOCK_N (32 and 64 are both used), full capacity.
@@ -66,6 +68,7 @@ class Case:
             kv_dtype=self.kv_dtype,
             kv_scales=self.kv_scales,
             sinks=self.sinks,
+            q_len=self.q_len,
         )
 
     def options(self) -> dict:

@@ -162,3 +162,29 @@ def test_e4m3_cache_is_refused_before_sm89():
         # float8_e5m2 compiles there.
         e5m2 = jax.ShapeDtypeStruct(k.shape, jnp.float8_e5m2)
         jax.jit(step).trace(q, e5m2, e5m2, pt, sl).lower(lowering_platforms=("cuda",))
+
+
+MULTI_TOKEN = {
+    # name: (num_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size, dtype, mla, q_len)
+    "mha_q4": (4, 4, 128, 128, 16, jnp.bfloat16, False, 4),
+    "gqa_q4": (32, 8, 128, 128, 16, jnp.bfloat16, False, 4),
+    "mqa_q16": (8, 1, 256, 256, 16, jnp.float16, False, 16),
+    "mla128_q2": (128, 1, 576, 512, 64, jnp.bfloat16, True, 2),  # 256 rows: warpgroup-MMA blocks on sm_90
+}
+
+
+@pytest.mark.parametrize("compute_capability", [80, 90])
+@pytest.mark.parametrize("name", list(MULTI_TOKEN))
+def test_multi_token_variant_compiles_for_cuda(name, compute_capability):
+    num_heads, num_kv_heads, dqk, dv, page_size, dtype, mla, q_len = MULTI_TOKEN[name]
+    q, k, v, pt, sl = _arrays(num_heads, num_kv_heads, dqk, dv, page_size, dtype, mla)
+    q = jax.ShapeDtypeStruct((q.shape[0], q_len, *q.shape[1:]), dtype)
+
+    def step(q, k, v, pt, sl):
+        return jax_decode.decode_attention(q, k, v, pt, sl, head_dim_v=dv, window_left=100, return_lse=True,
+                                           backend="triton")  # fmt: skip
+
+    target = jax_decode.DeviceInfo(vendor="nvidia", compute_capability=compute_capability, num_sms=132)
+    with jax_decode.compile_target(target):
+        text = jax.jit(step).trace(q, k, v, pt, sl).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("triton_kernel_call") >= 2

@@ -55,7 +55,8 @@ CASES = [
         dict(q=torch.randn(B, H)),
         {},
         ValueError,
-        "{q} must be 3-D [batch, num_heads, head_dim_qk], got shape (2, 4)",
+        "{q} must be 3-D [batch, num_heads, head_dim_qk] or 4-D [batch, q_len, num_heads, head_dim_qk], "
+        "got shape (2, 4)",
         True,
     ),
     (

@@ -38,7 +38,13 @@ def test_good_arguments_trace():
 
 
 BAD_ARRAYS = [
-    ("q_rank", dict(q=sds((B, H))), ValueError, r"q must be 3-D \[batch, num_heads, head_dim_qk\], got shape \(2, 8\)"),
+    (
+        "q_rank",
+        dict(q=sds((B, H))),
+        ValueError,
+        r"q must be 3-D \[batch, num_heads, head_dim_qk\] or 4-D \[batch, q_len, num_heads, head_dim_qk\], "
+        r"got shape \(2, 8\)",
+    ),
     (
         "k_rank",
         dict(k_cache=sds((PAGES, KV, D))),

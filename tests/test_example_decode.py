@@ -3,6 +3,7 @@ produces the same greedy tokens as the same model with dense causal attention.""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import pathlib
@@ -66,3 +67,14 @@ def test_sharded_decoding_gives_the_single_device_tokens(tp, sp, dense_tokens):
     mesh = Mesh(np.array(devices[: tp * sp]).reshape(sp, tp), ("sp", "tp"))
     tokens = llama.paged_greedy(llama.init_params(CFG), CFG, PROMPTS, STEPS, "xla", mesh)
     np.testing.assert_array_equal(tokens, dense_tokens)
+
+
+@pytest.mark.parametrize("draft_tokens", [2, 4])
+@pytest.mark.parametrize("backend", ["xla", pytest.param(KERNEL_BACKEND, marks=() if HAS_GPU else needs_interpreter)])
+def test_speculative_decoding_gives_the_one_token_tokens(backend, draft_tokens, dense_tokens):
+    """Verifying several tokens per row in one call (q with a token axis) keeps greedy
+    decoding's tokens, in fewer steps than tokens."""
+    cfg = dataclasses.replace(CFG, max_len=CFG.max_len + 4)
+    tokens, calls = llama.speculative_greedy(llama.init_params(cfg), cfg, PROMPTS, STEPS, draft_tokens, backend)
+    np.testing.assert_array_equal(tokens, dense_tokens)
+    assert calls < STEPS

@@ -38,12 +38,12 @@ def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
     return Mesh(np.array(jax.devices("cpu")[: int(np.prod(shape))]).reshape(shape), names)
 
 
-def _problem(num_heads=16, num_kv_heads=8, pages_multiple=8, mla=False, sinks=True):
+def _problem(num_heads=16, num_kv_heads=8, pages_multiple=8, mla=False, sinks=True, q_len=None):
     # Lengths 0, 1, across pages and full; num_pages divisible by every mesh size.
     lengths = [0, 1, 13, 29, 32, 7, 20, 3]
     problem = make_paged_problem(
         batch=8, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim_qk=16, page_size=4, seq_lens=lengths,
-        max_pages=8, spare_pages=pages_multiple, mla=mla, sinks=sinks, seed=5,
+        max_pages=8, spare_pages=pages_multiple, mla=mla, sinks=sinks, seed=5, q_len=q_len,
     )  # fmt: skip
     assert problem.k_cache.shape[0] % 8 == 0
     return problem
@@ -287,3 +287,25 @@ def test_write_kv_writes_each_shard_in_place(n, split):
             expected[slot] = new[token]
     np.testing.assert_array_equal(np.asarray(k_out), expected.reshape(cache.shape))
     np.testing.assert_array_equal(np.asarray(v_out), expected.reshape(cache.shape))
+
+
+# --------------------------------------------------------------------------- several query tokens per row
+
+
+@pytest.mark.parametrize("mode", ["heads", "batch", "pages"])
+def test_multi_token_rows_partition_like_one_token_rows(mode):
+    """q [batch, q_len, num_heads, d]: the token axis is never split; heads, batch and
+    pages partition as for one token, against the oracle, moving no cache."""
+    mesh = _mesh((4,), ("x",))
+    specs = {
+        "heads": dict(q=P(None, None, "x"), k_cache=P(None, None, "x"), v_cache=P(None, None, "x"), sinks=P("x")),
+        "batch": dict(q=P("x"), page_table=P("x"), seq_lens=P("x")),
+        "pages": dict(k_cache=P("x"), v_cache=P("x")),
+    }[mode]
+    out, lse, _ = _run(mesh, specs, _problem(q_len=3), window_left=9 if mode == "pages" else None)
+    assert out.shape == (8, 3, 16, 16) and lse.shape == (8, 3, 16)
+    expected = {"heads": P(None, None, "x"), "batch": P("x")}.get(mode)
+    if expected is None:
+        assert out.sharding.is_fully_replicated
+    else:
+        assert out.sharding.spec == expected and lse.sharding.spec == expected

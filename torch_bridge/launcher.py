@@ -92,17 +92,27 @@ class StageLauncher:
 
 
 def kernel_strides(ops: operands.DecodeOperands, problem, mid_o, mid_lse, out, lse) -> KernelStrides:
-    """KernelStrides of torch tensors (their last dimensions must be contiguous)."""
+    """KernelStrides of torch tensors (their last dimensions must be contiguous); with
+    several query tokens per row each of q, mid_o, mid_lse, out and lse has the token
+    axis after the batch."""
+
+    def strides(tensor, kept: int, token_axis: bool) -> tuple[int, ...]:
+        """Strides of the leading ``kept`` dimensions other than the token axis."""
+        stride = tensor.stride()
+        return (stride[0], *stride[2 : kept + 1]) if token_axis else stride[:kept]
+
     v = ops.k_cache if problem.v_from_k else ops.v_cache
+    rows, mid = problem.token_axis, problem.q_len > 1  # which arrays have the token axis
     return KernelStrides(
-        q=ops.q.stride()[:2],
+        q=strides(ops.q, 2, rows),
         k=ops.k_cache.stride()[:3],
         v=v.stride()[:3],
         page_table=ops.page_table.stride(0),
-        mid_o=mid_o.stride()[:3],
-        mid_lse=mid_lse.stride()[:3],
-        out=out.stride()[:2],
-        lse=lse.stride()[:2],
+        mid_o=strides(mid_o, 3, mid),
+        mid_lse=strides(mid_lse, 3, mid),
+        out=strides(out, 2, rows),
+        lse=strides(lse, 2, rows),
+        tokens=tuple(a.stride(1) for a in (ops.q, mid_o, mid_lse, out, lse)) if mid else (0, 0, 0, 0, 0),
     )
 
 
@@ -137,13 +147,13 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
 
 
 @functools.lru_cache(maxsize=MAX_CACHED_LAUNCHES)
-def _write_launcher(problem: WriteProblem, new_strides: tuple, cache_strides: tuple) -> StageLauncher:
-    return StageLauncher(write_cache_launch(problem, new_strides, cache_strides))
+def _write_launcher(problem: WriteProblem, new_strides: tuple, cache_strides: tuple, interpreted: bool):
+    return StageLauncher(write_cache_launch(problem, new_strides, cache_strides, interpreted=interpreted))
 
 
 def launch_write(problem: WriteProblem, ops: operands.WriteOperands) -> None:
     """Scatter ``ops.new``'s rows into ``ops.cache`` in place (see the write kernel)."""
     if problem.num_tokens == 0:
         return
-    launcher = _write_launcher(problem, ops.new.stride()[:2], ops.cache.stride()[:3])
+    launcher = _write_launcher(problem, ops.new.stride()[:2], ops.cache.stride()[:3], ops.cache.get_device() < 0)
     launcher(operands.write_inputs(ops, problem, ops.cache, ops.cache))

@@ -20,6 +20,7 @@ replay them.
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 
 import torch
@@ -153,7 +154,7 @@ def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: Laun
     p = config.problem
     check_index_values(
         page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size,
-        window_left=p.window_left,
+        window_left=p.window_left, q_len=p.q_len,
     )  # fmt: skip
 
 
@@ -169,9 +170,8 @@ def _check_output(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype
 def _scratch(q: torch.Tensor, config: LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1's partial results for ``config``'s splits: (mid_o, mid_lse) views of one
     float32 buffer."""
-    p = config.problem
-    mid_o_size = p.batch * p.num_heads * config.num_kv_splits * p.head_dim_v
-    scratch = q.new_empty((mid_o_size + p.batch * p.num_heads * config.num_kv_splits,), dtype=torch.float32)
+    mid_o_size, mid_lse_size = math.prod(config.mid_o_shape), math.prod(config.mid_lse_shape)
+    scratch = q.new_empty((mid_o_size + mid_lse_size,), dtype=torch.float32)
     return scratch[:mid_o_size].view(config.mid_o_shape), scratch[mid_o_size:].view(config.mid_lse_shape)
 
 
@@ -206,12 +206,12 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
         _check_values(page_table, seq_lens, config)
     p = config.problem
     if out is None:
-        out = q.new_empty((p.batch, p.num_heads, p.head_dim_v))
+        out = q.new_empty(p.out_shape)
     else:
         TORCH.check(dict(q=q, out=out))
-        _check_output("out", out, (p.batch, p.num_heads, p.head_dim_v), p.dtype, "[batch, num_heads, head_dim_v]")
+        _check_output("out", out, p.out_shape, p.dtype, "[batch, (q_len,) num_heads, head_dim_v], as q")
     if lse is None:
-        lse = q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
+        lse = q.new_empty(p.lse_shape, dtype=torch.float32)
     launch_decode(config, ops, *_scratch(q, config), out, lse)
     return out, lse
 
@@ -237,6 +237,8 @@ def _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits,
         raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
     check_arrays(dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token, b_seq_len=b_seq_len,
                       attn_logits=attn_logits), array_type=torch.Tensor, array_kind=TENSOR)  # fmt: skip
+    if q.dim() == 4:  # vLLM's signature: one query token per row
+        raise ValueError(f"q must be 3-D [batch, num_heads, head_dim] (one token per row), got shape {tuple(q.shape)}")
     if k_buffer.dim() == 3 and v_buffer.dim() == 3:
         if page_size != 1:
             raise ValueError(f"3-D k_buffer [num_tokens, num_kv_heads, D] needs page_size 1, got {page_size}")
@@ -393,10 +395,11 @@ def decode_attention(
     check_arrays(arrays, optional=("v_cache", "sinks", "out"), array_type=torch.Tensor, array_kind=TENSOR)
     check_option_types(**options._asdict())
     (k_tensor, k_number), (v_tensor, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
-    if out is None:  # a wrong rank is refused by the op, before it writes anything
+    rows = tuple(q.shape[:-1]) if q.dim() in (3, 4) else (0,)  # a wrong rank is refused by the op
+    if out is None:
         dv = head_dim_v if head_dim_v is not None else v_cache.shape[-1] if v_cache is not None else 0
-        out = q.new_empty((q.shape[0], q.shape[1], dv) if q.dim() == 3 else (0,))
-    lse = q.new_empty(tuple(q.shape[:2]) if q.dim() == 3 else (0,), dtype=torch.float32)
+        out = q.new_empty((*rows, dv) if q.dim() in (3, 4) else (0,))
+    lse = q.new_empty(rows, dtype=torch.float32)
     torch.ops.jax_decode.decode_attention_(
         q, k_cache, v_cache, page_table, seq_lens, out, lse, k_tensor, v_tensor, sinks, sm_scale, logit_cap,
         head_dim_v, window_left, num_kv_splits, k_number, v_number,

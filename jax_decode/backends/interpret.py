@@ -65,8 +65,8 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
     """Returns (out, lse) computed by the interpreted kernels."""
     torch = require_torch()
     p = config.problem
-    out_type = jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), ops.q.dtype)
-    lse_type = jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32)
+    out_type = jax.ShapeDtypeStruct(p.out_shape, ops.q.dtype)
+    lse_type = jax.ShapeDtypeStruct(p.lse_shape, jnp.float32)
     strides = config.contiguous_strides()
 
     def host(t: operands.DecodeOperands):
@@ -84,7 +84,7 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
 def write_cache(ops: operands.WriteOperands, problem: WriteProblem):
     """The cache with this step's rows written by the interpreted write kernel."""
     require_torch()
-    launch = write_cache_launch(problem, *problem.contiguous_strides())
+    launch = write_cache_launch(problem, *problem.contiguous_strides(), interpreted=True)
     cache_type = jax.ShapeDtypeStruct(ops.cache.shape, ops.cache.dtype)
 
     def host(t: operands.WriteOperands):

@@ -163,8 +163,8 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
         *operands.stage2_inputs(ops, mid_o, mid_lse),
         launch=config.stage2(strides),
         out_types=(
-            jax.ShapeDtypeStruct((p.batch, p.num_heads, p.head_dim_v), ops.q.dtype),
-            jax.ShapeDtypeStruct((p.batch, p.num_heads), jnp.float32),
+            jax.ShapeDtypeStruct(p.out_shape, ops.q.dtype),
+            jax.ShapeDtypeStruct(p.lse_shape, jnp.float32),
         ),
         device=config.device,
     )
@@ -172,7 +172,7 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
 
 def write_cache(ops: operands.WriteOperands, problem: WriteProblem, device: DeviceInfo):
     """The cache with this step's rows written, in place where the caller donated it."""
-    launch = write_cache_launch(problem, *problem.contiguous_strides())
+    launch = write_cache_launch(problem, *problem.contiguous_strides(), interpreted=False)
     if is_jax_triton_04():
         # A Ref argument is the kernel's in-place cache; the unread input slot gets a placeholder.
         cache = jax.new_ref(ops.cache)

@@ -15,7 +15,7 @@ from jax_decode.operands import DecodeOperands, WriteOperands
 
 
 def decode_attention(ops: DecodeOperands, problem: DecodeProblem):
-    """Returns (out [batch, num_heads, head_dim_v] in q's dtype, lse f32 [batch, num_heads]).
+    """Returns (out ``problem.out_shape`` in q's dtype, lse f32 ``problem.lse_shape``).
 
     ``k_scale``/``v_scale`` float32 ``[1]`` or ``[num_kv_heads]`` or None; ``sinks``
     float32 ``[num_heads]`` or None.
@@ -33,19 +33,22 @@ def decode_attention(ops: DecodeOperands, problem: DecodeProblem):
     values = keys[..., : p.head_dim_v] if p.v_from_k else gather(ops.v_cache, ops.v_scale)
     positions = jnp.arange(p.capacity)
     lengths = jnp.clip(ops.seq_lens, 0, p.capacity)
-    token_ok = (positions[None, :] < lengths[:, None]) & jnp.repeat(page_ok, p.page_size, axis=1)
+    # Query token t of a row of length L is position L - q_len + t: it sees positions
+    # up to its own, and with a window only the last window_left + 1 of them.
+    limits = lengths[:, None] - p.q_len + 1 + jnp.arange(p.q_len)  # [batch, q_len]
+    token_ok = (positions[None, None, :] < limits[..., None]) & jnp.repeat(page_ok, p.page_size, axis=1)[:, None]
     if p.window_left >= 0:
-        token_ok &= positions[None, :] >= lengths[:, None] - 1 - p.window_left
+        token_ok &= positions[None, None, :] >= limits[..., None] - 1 - p.window_left
 
-    # Zero the values of masked tokens: weight 0 times a stale NaN/inf would still be NaN.
-    values = jnp.where(token_ok[:, :, None, None], values, 0.0)
+    # Zero the values of tokens no query attends to: weight 0 times a stale NaN/inf would still be NaN.
+    values = jnp.where(token_ok.any(axis=1)[:, :, None, None], values, 0.0)
 
-    grouped_q = ops.q.astype(jnp.float32).reshape(p.batch, p.num_kv_heads, p.kv_group, p.head_dim_qk)
+    grouped_q = ops.q.astype(jnp.float32).reshape(p.batch, p.q_len, p.num_kv_heads, p.kv_group, p.head_dim_qk)
     hi = jax.lax.Precision.HIGHEST
-    scores = jnp.einsum("bkgd,btkd->bkgt", grouped_q, keys, precision=hi) * p.sm_scale
+    scores = jnp.einsum("bqkgd,btkd->bqkgt", grouped_q, keys, precision=hi) * p.sm_scale
     if p.logit_cap > 0:
         scores = p.logit_cap * jnp.tanh(scores / p.logit_cap)
-    scores = jnp.where(token_ok[:, None, None, :], scores, -jnp.inf)
+    scores = jnp.where(token_ok[:, :, None, None, :], scores, -jnp.inf)
     peak = scores.max(axis=-1, initial=-jnp.inf)  # a page table of width 0 holds no tokens
     sinks = None if ops.sinks is None else ops.sinks.reshape(p.num_kv_heads, p.kv_group)
     if sinks is not None:
@@ -56,10 +59,9 @@ def decode_attention(ops: DecodeOperands, problem: DecodeProblem):
     if sinks is not None:
         total = total + jnp.exp(sinks - peak)  # a sink's value is zero: denominator only
     safe_total = jnp.where(total > 0, total, 1.0)
-    out = jnp.einsum("bkgt,btkd->bkgd", weights, values, precision=hi) / safe_total[..., None]
+    out = jnp.einsum("bqkgt,btkd->bqkgd", weights, values, precision=hi) / safe_total[..., None]
     lse = jnp.where(total > 0, peak + jnp.log(safe_total), -jnp.inf)
-    out = out.reshape(p.batch, p.num_heads, p.head_dim_v).astype(ops.q.dtype)
-    return out, lse.reshape(p.batch, p.num_heads)
+    return out.reshape(p.out_shape).astype(ops.q.dtype), lse.reshape(p.lse_shape)
 
 
 def write_cache(ops: WriteOperands, problem: WriteProblem):

@@ -90,30 +90,47 @@ def kv_scale(scale_ptr, kv_head, MODE: tl.constexpr):
 
 
 @triton.jit
+def row_length(seq_lens_ptr, batch_idx, CAPACITY: tl.constexpr):
+    """A row's length, clamped to ``[0, CAPACITY]`` (no row reads past its page-table row)."""
+    seq_len = tl.load(seq_lens_ptr + batch_idx)
+    return tl.minimum(tl.maximum(seq_len, 0), CAPACITY)
+
+
+@triton.jit
 def split_bounds(
-    seq_lens_ptr,
-    batch_idx,
+    seq_len,
     split_idx,
     NUM_KV_SPLITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAPACITY: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
+    Q_LEN: tl.constexpr,
 ):
-    """Token range [start, end) of one KV split; splits are whole BLOCK_N blocks.
+    """Token range [start, end) of one KV split of a row of ``seq_len`` tokens; splits
+    are whole BLOCK_N blocks.
 
-    ``seq_len`` is clamped to ``[0, CAPACITY]`` (no row reads past its page-table
-    row).  With a sliding window (WINDOW_LEFT >= 0) the splits share only the last
-    WINDOW_LEFT + 1 tokens: tokens (and pages) before the window are never read.
+    With a sliding window (WINDOW_LEFT >= 0) the splits share only the positions some
+    query token's window holds -- from the first query token's (``Q_LEN`` tokens from
+    the end) -- so tokens (and pages) before them are never read.
     """
-    seq_len = tl.load(seq_lens_ptr + batch_idx)
-    seq_len = tl.minimum(tl.maximum(seq_len, 0), CAPACITY)
     first = seq_len * 0
     if WINDOW_LEFT >= 0:
-        first = tl.maximum(seq_len - 1 - WINDOW_LEFT, 0)
+        first = tl.maximum(seq_len - Q_LEN - WINDOW_LEFT, 0)
     per_split = tl.cdiv(tl.cdiv(seq_len - first, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
     start = first + split_idx * per_split
     end = tl.minimum(start + per_split, seq_len)
     return start, end
+
+
+@triton.jit
+def causal_rows(offs_n, seq_len, tok, Q_LEN: tl.constexpr, WINDOW_LEFT: tl.constexpr):
+    """[rows, BLOCK_N] mask of the positions each query row attends to: query token
+    ``tok`` (of the row's last ``Q_LEN`` positions) sees those before its own and
+    itself, and with a window only its last WINDOW_LEFT + 1 of them."""
+    limit = seq_len - Q_LEN + 1 + tok
+    keep = offs_n[None, :] < limit[:, None]
+    if WINDOW_LEFT >= 0:
+        keep = keep & (offs_n[None, :] >= (limit - 1 - WINDOW_LEFT)[:, None])
+    return keep
 
 
 @triton.jit

@@ -45,10 +45,12 @@ import triton.language as tl
 
 from jax_decode.kernels.common import (
     cast_rne,
+    causal_rows,
     dot,
     kv_scale,
     load_rows,
     online_softmax,
+    row_length,
     row_sum,
     scores_log2,
     softmax_result,
@@ -60,7 +62,7 @@ from jax_decode.kernels.common import (
 
 @triton.jit
 def _decode_stage1(
-    q_ptr,  # [batch, num_heads, head_dim_qk]
+    q_ptr,  # [batch, q_len, num_heads, head_dim_qk] (q_len 1: [batch, num_heads, head_dim_qk])
     k_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_qk]
     v_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_v]; may alias k_ptr (MLA)
     page_table_ptr,  # int32 [batch, max_pages]
@@ -68,9 +70,10 @@ def _decode_stage1(
     k_scale_ptr,  # f32 [1] or [num_kv_heads]: K dequantisation scale (read if K_SCALE)
     v_scale_ptr,  # f32 [1] or [num_kv_heads]: V dequantisation scale (read if V_SCALE)
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
-    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
-    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
+    mid_o_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits, head_dim_v]
+    mid_lse_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits]
     STRIDE_QB: tl.constexpr,
+    STRIDE_QT: tl.constexpr,
     STRIDE_QH: tl.constexpr,
     STRIDE_KP: tl.constexpr,
     STRIDE_KS: tl.constexpr,
@@ -80,9 +83,11 @@ def _decode_stage1(
     STRIDE_VH: tl.constexpr,
     STRIDE_PTB: tl.constexpr,
     STRIDE_MOB: tl.constexpr,
+    STRIDE_MOT: tl.constexpr,
     STRIDE_MOH: tl.constexpr,
     STRIDE_MOS: tl.constexpr,
     STRIDE_MLB: tl.constexpr,
+    STRIDE_MLT: tl.constexpr,
     STRIDE_MLH: tl.constexpr,
     STRIDE_MLS: tl.constexpr,
     SM_SCALE: tl.constexpr,
@@ -97,7 +102,7 @@ def _decode_stage1(
     BLOCK_DPE: tl.constexpr,  # > 0: head_dim_qk's second power-of-two block (MLA's rope part)
     BLOCK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_H: tl.constexpr,  # query heads per program: 1 (MHA), else >= 16
+    BLOCK_H: tl.constexpr,  # query rows per program: 1 (MHA, one token), else >= 16
     HEAD_BLOCKS: tl.constexpr,  # programs per KV head along grid axis 0
     V_FROM_K: tl.constexpr,  # V is the loaded K tile itself (MLA's shared latent)
     FP8_DOT_F16: tl.constexpr,
@@ -106,17 +111,22 @@ def _decode_stage1(
     PAGE_SIZE: tl.constexpr,
     CAPACITY: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr,
+    Q_LEN: tl.constexpr,  # query tokens per row: its last Q_LEN positions, causal among themselves
 ):
-    """Attention of one query token over one KV split, for one head or a block of heads.
+    """Attention of a row's query tokens over one KV split, for one head or a block of
+    query rows.
 
-    ``BLOCK_H == 1`` (MHA): one query head per program, q.k and p.v by
+    ``BLOCK_H == 1`` (MHA, one token): one query head per program, q.k and p.v by
     multiply-and-reduce in fp32 (no tensor cores needed).  ``BLOCK_H >= 16``: the
-    query heads sharing one KV head, q.k and p.v with ``tl.dot``; each K (and V) tile
-    is read once for the whole head block (GQA, MQA, MLA).  With V_FROM_K (MLA: V is
-    the first head_dim_v columns of K) the loaded K tile is reused as V, so the latent
-    is read from memory once.
+    query rows sharing one KV head -- (token, head) pairs, the heads fastest -- q.k and
+    p.v with ``tl.dot``; each K (and V) tile is read once for the whole block (GQA,
+    MQA, MLA, and every query token of a row).  With V_FROM_K (MLA: V is the first
+    head_dim_v columns of K) the loaded K tile is reused as V, so the latent is read
+    from memory once.
     """
-    tl.static_assert(BLOCK_H >= 16 or (BLOCK_H == 1 and KV_GROUP == 1 and HEAD_BLOCKS == 1), "tl.dot needs 16 rows")
+    tl.static_assert(
+        BLOCK_H >= 16 or (BLOCK_H == 1 and KV_GROUP == 1 and HEAD_BLOCKS == 1 and Q_LEN == 1), "tl.dot needs 16 rows"
+    )
     tl.static_assert(not V_FROM_K or (BLOCK_H > 1 and BLOCK_DV == BLOCK_DMODEL and HEAD_DIM_V == BLOCK_DMODEL))
     # Head blocks on the fastest grid axis: the programs that share a KV head (and
     # those of neighbouring KV heads) run together, so a K/V tile fetched for one is
@@ -128,10 +138,17 @@ def _decode_stage1(
 
     if BLOCK_H == 1:
         heads = head_block
+        row_base = batch_idx * STRIDE_QB
     else:
-        offs_g = (head_block % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
-        mask_h = offs_g < KV_GROUP
-        heads = kv_head * KV_GROUP + offs_g
+        offs_r = (head_block % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask_h = offs_r < Q_LEN * KV_GROUP
+        if Q_LEN == 1:
+            heads = kv_head * KV_GROUP + offs_r
+            row_base = batch_idx * STRIDE_QB
+        else:
+            tok = offs_r // KV_GROUP  # query token of each row
+            heads = kv_head * KV_GROUP + offs_r % KV_GROUP
+            row_base = batch_idx * STRIDE_QB + tok * STRIDE_QT
 
     offs_d = tl.arange(0, BLOCK_DMODEL)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -140,14 +157,14 @@ def _decode_stage1(
 
     # The query rows: fp32 vectors for one head, a [BLOCK_H, D] tile for tl.dot.
     if BLOCK_H == 1:
-        q_row = q_ptr + batch_idx * STRIDE_QB + heads * STRIDE_QH
+        q_row = q_ptr + row_base + heads * STRIDE_QH
         q = tl.load(q_row + offs_d, mask=mask_d, other=0.0).to(tl.float32)
         if BLOCK_DPE > 0:
             offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
             mask_dpe = offs_dpe < HEAD_DIM_QK
             q_pe = tl.load(q_row + offs_dpe, mask=mask_dpe, other=0.0).to(tl.float32)
     else:
-        q_rows = q_ptr + batch_idx * STRIDE_QB + heads * STRIDE_QH
+        q_rows = q_ptr + row_base + heads * STRIDE_QH
         q = load_rows(q_rows, offs_d, mask_h, mask_d)
         if FP8_DOT_F16:
             # fp8 widens to float16 in one instruction per pair, to bfloat16 in several:
@@ -160,7 +177,8 @@ def _decode_stage1(
             if FP8_DOT_F16:
                 q_pe = to_f16_clamped(q_pe)
 
-    start, end = split_bounds(seq_lens_ptr, batch_idx, split_idx, NUM_KV_SPLITS, BLOCK_N, CAPACITY, WINDOW_LEFT)
+    seq_len = row_length(seq_lens_ptr, batch_idx, CAPACITY)
+    start, end = split_bounds(seq_len, split_idx, NUM_KV_SPLITS, BLOCK_N, WINDOW_LEFT, Q_LEN)
     page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
     k_head_ptr = k_ptr + kv_head * STRIDE_KH
     v_head_ptr = v_ptr + kv_head * STRIDE_VH
@@ -196,8 +214,11 @@ def _decode_stage1(
             qk = qk * k_scale  # dequantise through the scores: K stays in its dtype
         if BLOCK_H == 1:
             s = tl.where(valid, scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
-        else:
+        elif Q_LEN == 1:
             s = tl.where(valid[None, :], scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
+        else:
+            keep = valid[None, :] & causal_rows(offs_n, seq_len, tok, Q_LEN, WINDOW_LEFT)
+            s = tl.where(keep, scores_log2(qk, SM_SCALE, LOGIT_CAP), float("-inf"))
 
         if V_FROM_K:
             v = k
@@ -220,11 +241,15 @@ def _decode_stage1(
     if V_SCALE > 0:
         o = o * kv_scale(v_scale_ptr, kv_head, V_SCALE)  # one multiply per output, not per token
     mid_rows = batch_idx * STRIDE_MOB + heads * STRIDE_MOH + split_idx * STRIDE_MOS
+    lse_rows = batch_idx * STRIDE_MLB + heads * STRIDE_MLH + split_idx * STRIDE_MLS
+    if Q_LEN > 1:
+        mid_rows += tok * STRIDE_MOT
+        lse_rows += tok * STRIDE_MLT
     if BLOCK_H == 1:
         tl.store(mid_o_ptr + mid_rows + offs_dv, o, mask=mask_dv)
     else:
         tl.store(mid_o_ptr + mid_rows[:, None] + offs_dv[None, :], o, mask=mask_h[:, None] & mask_dv[None, :])
-    lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads * STRIDE_MLH + split_idx * STRIDE_MLS
+    lse_ptrs = mid_lse_ptr + lse_rows
     if BLOCK_H == 1:
         tl.store(lse_ptrs, lse)
     else:
@@ -233,39 +258,45 @@ def _decode_stage1(
 
 @triton.jit
 def _decode_stage2(
-    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v]
-    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits]
+    mid_o_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits, head_dim_v]
+    mid_lse_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits]
     sinks_ptr,  # f32 [num_heads]: per-head sink logits (read if HAS_SINKS)
-    out_ptr,  # [batch, num_heads, head_dim_v], q's dtype
-    lse_ptr,  # f32 [batch, num_heads], natural log
+    out_ptr,  # [batch, (q_len,) num_heads, head_dim_v], q's dtype
+    lse_ptr,  # f32 [batch, (q_len,) num_heads], natural log
     STRIDE_MOB: tl.constexpr,
+    STRIDE_MOT: tl.constexpr,
     STRIDE_MOH: tl.constexpr,
     STRIDE_MOS: tl.constexpr,
     STRIDE_MLB: tl.constexpr,
+    STRIDE_MLT: tl.constexpr,
     STRIDE_MLH: tl.constexpr,
     STRIDE_MLS: tl.constexpr,
     STRIDE_OB: tl.constexpr,
+    STRIDE_OT: tl.constexpr,
     STRIDE_OH: tl.constexpr,
     STRIDE_LB: tl.constexpr,
+    STRIDE_LT: tl.constexpr,
     STRIDE_LH: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_S: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    ROUND_BY_BITS: tl.constexpr,  # the interpreter, whose float32 -> bfloat16 cast truncates
 ):
-    """Merge the splits of one (batch row, head) by log-sum-exp; empty splits weigh 0.
+    """Merge the splits of one (batch row, head, query token) by log-sum-exp; empty splits weigh 0.
 
     A sink (gpt-oss) is one more logit in the softmax's denominator with a zero value:
     it joins the merge as a split whose output is 0 and whose LSE is the sink.
     """
     batch_idx = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    tok = tl.program_id(2)  # (the token strides are 0 with one query token)
     offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, BLOCK_DV)
     mask_dv = offs_dv < HEAD_DIM_V
 
-    lse_row = mid_lse_ptr + batch_idx * STRIDE_MLB + head * STRIDE_MLH
+    lse_row = mid_lse_ptr + batch_idx * STRIDE_MLB + tok * STRIDE_MLT + head * STRIDE_MLH
     split_lse = tl.load(lse_row + offs_s * STRIDE_MLS, mask=offs_s < NUM_KV_SPLITS, other=float("-inf"))
     m = tl.max(split_lse, 0)
     if HAS_SINKS:
@@ -276,7 +307,7 @@ def _decode_stage2(
     if HAS_SINKS:
         denom += tl.exp(sink - m_safe)
 
-    o_row = mid_o_ptr + batch_idx * STRIDE_MOB + head * STRIDE_MOH
+    o_row = mid_o_ptr + batch_idx * STRIDE_MOB + tok * STRIDE_MOT + head * STRIDE_MOH
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     for split_idx in range(NUM_KV_SPLITS):
         weight = tl.exp(tl.load(lse_row + split_idx * STRIDE_MLS) - m_safe)
@@ -284,9 +315,8 @@ def _decode_stage2(
 
     has_tokens = denom > 0
     out = acc / tl.where(has_tokens, denom, 1.0)
-    out_ptrs = out_ptr + batch_idx * STRIDE_OB + head * STRIDE_OH + offs_dv
-    # Rounded by bits on every platform (stage 2 has no interpreter-only constexpr): on a
-    # GPU the result is the same cvt.rn rounding, in the interpreter no longer truncated.
-    tl.store(out_ptrs, cast_rne(out, out_ptr.dtype.element_ty, True), mask=mask_dv)
+    out_ptrs = out_ptr + batch_idx * STRIDE_OB + tok * STRIDE_OT + head * STRIDE_OH + offs_dv
+    # Rounded to nearest even: by the GPU's cvt.rn, in the interpreter by bits.
+    tl.store(out_ptrs, cast_rne(out, out_ptr.dtype.element_ty, ROUND_BY_BITS), mask=mask_dv)
     lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
-    tl.store(lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, lse)
+    tl.store(lse_ptr + batch_idx * STRIDE_LB + tok * STRIDE_LT + head * STRIDE_LH, lse)

@@ -70,6 +70,7 @@ def _write_cache(
     FP8_MAN_BITS: tl.constexpr,  # > 0: the cache is fp8 with this many mantissa bits ...
     FP8_BIAS: tl.constexpr,  # ... and this exponent bias
     FP8_NAN_BITS: tl.constexpr,  # ... and this NaN
+    ROUND_BY_BITS: tl.constexpr,  # the interpreter, whose float32 -> bfloat16 cast truncates
 ):
     """Scatter one token's row for one KV head into its cache slot (paged KV write).
 
@@ -96,8 +97,7 @@ def _write_cache(
         bits = quantise_fp8(row, SATURATE, FP8_MAN_BITS, FP8_BIAS, FP8_NAN_BITS)
         row = bits.to(cache_ptr.dtype.element_ty, bitcast=True)
     else:
-        # By bits on every platform (this launch has no interpreter-only constexpr); a
-        # no-op unless float32 or float16 rows go into a bfloat16 cache.
-        row = cast_rne(row, cache_ptr.dtype.element_ty, True)
+        # To nearest even: the GPU's cvt.rn, in the interpreter by bits.
+        row = cast_rne(row, cache_ptr.dtype.element_ty, ROUND_BY_BITS)
     dst = cache_ptr + (slot // PAGE_SIZE) * STRIDE_CP + (slot % PAGE_SIZE) * STRIDE_CS + head * STRIDE_CH
     tl.store(dst + offs, row, mask=mask & valid)

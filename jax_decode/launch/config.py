@@ -27,23 +27,32 @@ class KernelStrides:
     mid_lse: tuple[int, int, int]  # batch, head, split
     out: tuple[int, int]  # batch, head
     lse: tuple[int, int]  # batch, head
+    # The token axis (several query tokens per row) of q, mid_o, mid_lse, out and lse;
+    # unused (0) with one token.
+    tokens: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
 
     @classmethod
     def contiguous(cls, problem: DecodeProblem, num_kv_splits: int) -> KernelStrides:
-        """Strides of row-major arrays (every JAX array; default torch tensors)."""
+        """Strides of row-major arrays (every JAX array; default torch tensors), with the
+        token axis after the batch where there are several query tokens."""
         p = problem
         k_slot = p.num_kv_heads * p.head_dim_qk
         v_width = p.head_dim_qk if p.v_from_k else p.head_dim_v
         v_slot = p.num_kv_heads * v_width
+        q_token = p.num_heads * p.head_dim_qk
+        out_token = p.num_heads * p.head_dim_v
+        mid_head = num_kv_splits * p.head_dim_v
+        mid_token, lse_token = p.num_heads * mid_head, p.num_heads * num_kv_splits
         return cls(
-            q=(p.num_heads * p.head_dim_qk, p.head_dim_qk),
+            q=(p.q_len * q_token, p.head_dim_qk),
             k=(p.page_size * k_slot, k_slot, p.head_dim_qk),
             v=(p.page_size * v_slot, v_slot, v_width),
             page_table=p.max_pages,
-            mid_o=(p.num_heads * num_kv_splits * p.head_dim_v, num_kv_splits * p.head_dim_v, p.head_dim_v),
-            mid_lse=(p.num_heads * num_kv_splits, num_kv_splits, 1),
-            out=(p.num_heads * p.head_dim_v, p.head_dim_v),
-            lse=(p.num_heads, 1),
+            mid_o=(p.q_len * mid_token, mid_head, p.head_dim_v),
+            mid_lse=(p.q_len * lse_token, num_kv_splits, 1),
+            out=(p.q_len * out_token, p.head_dim_v),
+            lse=(p.q_len * p.num_heads, 1),
+            tokens=(q_token, mid_token, lse_token, out_token, p.num_heads) if p.q_len > 1 else (0, 0, 0, 0, 0),
         )
 
 
@@ -86,17 +95,18 @@ class LaunchConfig:
 
     @property
     def stage2_grid(self) -> tuple[int, int, int]:
-        return (self.problem.batch, self.problem.num_heads, 1)
+        return (self.problem.batch, self.problem.num_heads, self.problem.q_len)
 
     @property
-    def mid_o_shape(self) -> tuple[int, int, int, int]:
+    def mid_o_shape(self) -> tuple[int, ...]:
+        """Stage 1's partial outputs: [batch, (q_len,) num_heads, num_kv_splits, head_dim_v],
+        the token axis where there are several query tokens."""
         p = self.problem
-        return (p.batch, p.num_heads, self.num_kv_splits, p.head_dim_v)
+        return (p.batch, *((p.q_len,) if p.q_len > 1 else ()), p.num_heads, self.num_kv_splits, p.head_dim_v)
 
     @property
-    def mid_lse_shape(self) -> tuple[int, int, int]:
-        p = self.problem
-        return (p.batch, p.num_heads, self.num_kv_splits)
+    def mid_lse_shape(self) -> tuple[int, ...]:
+        return self.mid_o_shape[:-1]
 
     def contiguous_strides(self) -> KernelStrides:
         return KernelStrides.contiguous(self.problem, self.num_kv_splits)
@@ -105,6 +115,7 @@ class LaunchConfig:
         p = self.problem
         meta: dict[str, object] = dict(
             STRIDE_QB=strides.q[0],
+            STRIDE_QT=strides.tokens[0],
             STRIDE_QH=strides.q[1],
             STRIDE_KP=strides.k[0],
             STRIDE_KS=strides.k[1],
@@ -114,9 +125,11 @@ class LaunchConfig:
             STRIDE_VH=strides.v[2],
             STRIDE_PTB=strides.page_table,
             STRIDE_MOB=strides.mid_o[0],
+            STRIDE_MOT=strides.tokens[1],
             STRIDE_MOH=strides.mid_o[1],
             STRIDE_MOS=strides.mid_o[2],
             STRIDE_MLB=strides.mid_lse[0],
+            STRIDE_MLT=strides.tokens[2],
             STRIDE_MLH=strides.mid_lse[1],
             STRIDE_MLS=strides.mid_lse[2],
             SM_SCALE=float(p.sm_scale),
@@ -142,26 +155,32 @@ class LaunchConfig:
             PAGE_SIZE=p.page_size,
             CAPACITY=p.capacity,
             NUM_KV_SPLITS=self.num_kv_splits,
+            Q_LEN=p.q_len,
         )
         return KernelLaunch("stage1", self.stage1_grid, self.num_warps, self.num_stages, tuple(meta.items()))
 
     def stage2(self, strides: KernelStrides) -> KernelLaunch:
         meta = dict(
             STRIDE_MOB=strides.mid_o[0],
+            STRIDE_MOT=strides.tokens[1],
             STRIDE_MOH=strides.mid_o[1],
             STRIDE_MOS=strides.mid_o[2],
             STRIDE_MLB=strides.mid_lse[0],
+            STRIDE_MLT=strides.tokens[2],
             STRIDE_MLH=strides.mid_lse[1],
             STRIDE_MLS=strides.mid_lse[2],
             STRIDE_OB=strides.out[0],
+            STRIDE_OT=strides.tokens[3],
             STRIDE_OH=strides.out[1],
             STRIDE_LB=strides.lse[0],
+            STRIDE_LT=strides.tokens[4],
             STRIDE_LH=strides.lse[1],
             HEAD_DIM_V=self.problem.head_dim_v,
             BLOCK_DV=self.block_dv,
             BLOCK_S=next_power_of_2(self.num_kv_splits),
             NUM_KV_SPLITS=self.num_kv_splits,
             HAS_SINKS=self.problem.has_sinks,
+            ROUND_BY_BITS=self.device.vendor == "cpu",
         )
         return KernelLaunch("stage2", self.stage2_grid, self.stage2_num_warps, 1, tuple(meta.items()))
 
@@ -200,12 +219,13 @@ class WriteProblem:
 
 
 def write_cache_launch(
-    problem: WriteProblem, new_strides: tuple[int, int], cache_strides: tuple[int, int, int]
+    problem: WriteProblem, new_strides: tuple[int, int], cache_strides: tuple[int, int, int], *, interpreted: bool
 ) -> KernelLaunch:
     """The paged KV write: one program per (token, KV head) copies one row.
 
     Rows are divided by the scale and, for an fp8 cache, saturated to its finite range
-    before the cast (a NaN stays NaN).
+    before the cast (a NaN stays NaN).  ``interpreted``: for Triton's interpreter, which
+    then rounds to bfloat16 by bits (its own cast truncates).
     """
     p = problem
     block_d = next_power_of_2(p.head_dim)
@@ -224,6 +244,7 @@ def write_cache_launch(
         FP8_MAN_BITS=fp8.mantissa_bits,
         FP8_BIAS=fp8.bias,
         FP8_NAN_BITS=fp8.nan_bits,
+        ROUND_BY_BITS=interpreted,
     )
     num_warps = 1 if block_d <= 128 else 2
     return KernelLaunch("write_cache", (p.num_tokens, p.num_kv_heads, 1), num_warps, 1, tuple(meta.items()))

@@ -70,7 +70,7 @@ def program_shape(p: DecodeProblem, device: DeviceInfo, block_h: int, block_n: i
         wgmma = block_h >= 64 and (device.compute_capability or 0) >= 90
         mma = "wgmma" if wgmma else "mma"
         shared = max(1, num_stages - 1) * block_n * row_bytes * 2 // 3 + (block_h * k_width * 2 if wgmma else 0)
-    heads = min(block_h, p.kv_group)
+    heads = min(block_h, p.rows_per_kv_head)
     return ProgramShape(
         threads=threads,
         registers=registers,
@@ -130,7 +130,7 @@ def _tensor_core_blocks(p: DecodeProblem, device: DeviceInfo) -> bool:
     return (
         device.vendor == "nvidia"
         and (device.compute_capability or 0) >= 90
-        and p.kv_group >= WGMMA_ROWS
+        and p.rows_per_kv_head >= WGMMA_ROWS
         and p.dtype in ("float16", "bfloat16")
     )
 
@@ -187,7 +187,7 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
     if p.v_from_k and p.head_dim_v == block_dmodel:
         block_dv = block_dmodel
 
-    if p.kv_group == 1:
+    if p.rows_per_kv_head == 1:
         variant: Variant = "mha"
         block_h, head_blocks = 1, 1
         # Multiply-and-reduce keeps the [BLOCK_N, D] tiles in registers: 128 tokens
@@ -200,15 +200,15 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         # eight, and 8 warps (two warpgroups) hold the 64 x head_dim_v accumulator.
         variant = "grouped"
         block_h, num_warps = WGMMA_ROWS, 8
-        head_blocks = cdiv(p.kv_group, block_h)
+        head_blocks = cdiv(p.rows_per_kv_head, block_h)
         block_n, num_stages = 32, (3 if itemsize(p.cache_dtype) == 1 else 2)
     else:
         variant = "grouped"
         # Fit the head block to the group (one KV read serves every head of it), but
         # keep the fp32 accumulator [BLOCK_H, BLOCK_DV] within what registers hold.
         max_block_h = max(MIN_DOT_DIM, 8192 // block_dv)
-        block_h = min(max(MIN_DOT_DIM, next_power_of_2(p.kv_group)), max_block_h)
-        head_blocks = cdiv(p.kv_group, block_h)
+        block_h = min(max(MIN_DOT_DIM, next_power_of_2(p.rows_per_kv_head)), max_block_h)
+        head_blocks = cdiv(p.rows_per_kv_head, block_h)
         block_n, num_stages = _grouped_blocks(p, device, block_dmodel, block_dpe, block_dv)
         # 4 warps for every width.  Wide heads (d256) once took 8, which won by 3% on one
         # latency-bound shape (MQA b8) and lost 4-10% wherever the grid fills the GPU

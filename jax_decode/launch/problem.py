@@ -87,10 +87,26 @@ class DecodeProblem:
     v_scale: int = SCALE_NONE  # SCALE_* mode of v_scale
     window_left: int = -1  # >= 0: attend to the last window_left + 1 tokens only
     has_sinks: bool = False  # per-head sink logits join the softmax denominator
+    q_len: int = 1  # query tokens per row: the last q_len positions, causal among themselves
+    token_axis: bool = False  # q, out and lse have a q_len axis after the batch (q was 4-D)
 
     @property
     def kv_group(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def rows_per_kv_head(self) -> int:
+        """Query rows that share one KV head's tiles: (token, head) pairs."""
+        return self.q_len * self.kv_group
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """``out``: [batch, (q_len,) num_heads, head_dim_v], as q has the token axis or not."""
+        return (self.batch, *((self.q_len,) if self.token_axis else ()), self.num_heads, self.head_dim_v)
+
+    @property
+    def lse_shape(self) -> tuple[int, ...]:
+        return self.out_shape[:-1]
 
     @property
     def capacity(self) -> int:
