@@ -14,8 +14,8 @@ import json
 import math
 import sys
 
-COLUMNS = ("torch_bridge", "jax_decode", "best split", "vllm")
-HEADINGS = dict(zip(COLUMNS, ("torch_bridge", "jax_decode", "best split", "vLLM 0.9 best"), strict=True))
+COLUMNS = ("torch_bridge", "jax_decode", "best split", "vllm", "flashmla")
+HEADINGS = dict(zip(COLUMNS, ("torch_bridge", "jax_decode", "best split", "vLLM 0.9 best", "FlashMLA"), strict=True))
 
 
 def _cell(measured: dict | None) -> str:
@@ -61,6 +61,31 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def multi_token_markdown(results: list[dict]) -> str:
+    """The multi-token suite: each workload at one query token per row and at q_len,
+    torch_bridge's times, q_len's time over one token's and over q_len one-token calls,
+    and FlashMLA (``s_q = q_len``) where it ran."""
+    head = ["row", "1 token µs", "q_len", "q_len tokens µs", "÷ 1 token", "÷ q_len one-token calls",
+            "FLOP rate ÷ 1 token", "FlashMLA 1 / q_len µs"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by_shape: dict[tuple, dict[int, dict]] = {}
+    for r in results:
+        row = r["row"]
+        by_shape.setdefault((row["name"], row["batch"], row["context"]), {})[row["q_len"]] = r
+    for (name, batch, context), runs in by_shape.items():
+        one, q_len = runs.get(1), max(runs)
+        many = runs[q_len]
+        if one is None or q_len == 1:
+            continue
+        t1, tq = (x["impls"]["torch_bridge"]["ms"] * 1e3 for x in (one, many))
+        flash = [x["impls"].get("flashmla", {}).get("ms") for x in (one, many)]
+        flash_cell = " / ".join(f"{m * 1e3:.1f}" for m in flash) if all(flash) else "–"
+        cells = [f"{name} b{batch} ctx{context}", f"{t1:.1f}", str(q_len), f"{tq:.1f}", f"{tq / t1:.2f}",
+                 f"{tq / (q_len * t1):.2f}", f"{q_len * t1 / tq:.2f}", flash_cell]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.table", description=__doc__.split("\n\n")[0])
     parser.add_argument("bench_json", nargs="+", help="bench.json files written by benchmarks.bench")
@@ -74,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path}: {env['gpu']}, {env['date']}; copy {ceilings['copy_tbps']:.2f} TB/s, "
               f"bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s\n")  # fmt: skip
         print(markdown(results) + "\n")
+        if any(r["suite"] == "multi" for r in results):
+            print(multi_token_markdown([r for r in results if r["suite"] == "multi"]) + "\n")
     return 0
 
 

@@ -181,3 +181,20 @@ def test_table_reports_vllm_ratio_and_unsupported_rows():
     assert "| a | 100.0 (bytes) | 200.0 · 50% | 100.0 · 100% (4 splits) | 2.000 |" in text
     assert "| b | 100.0 (bytes) | 100.0 · 100% | unsupported | – |" in text
     assert "no slower on 0 of 1; worst 2.000" in text
+
+
+def test_performance_doc_multi_token_tables_are_the_checked_in_run():
+    """The multi-token section of docs/performance.md is benchmarks.table's rendering of
+    the checked-in run, line for line."""
+    import json
+    import pathlib
+
+    from benchmarks import table
+
+    docs = pathlib.Path(__file__).resolve().parents[1] / "docs"
+    run = json.loads((docs / "bench_h200_multi.json").read_text())
+    doc = (docs / "performance.md").read_text()
+    for rendered in (table.markdown(run["results"]), table.multi_token_markdown(run["results"])):
+        for line in rendered.splitlines():
+            assert line in doc, line
+    assert table.multi_token_markdown(run["results"]).count("\n") == 2 + 8 - 1  # head, rule, 8 workloads

@@ -170,6 +170,7 @@ MULTI_TOKEN = {
     "gqa_q4": (32, 8, 128, 128, 16, jnp.bfloat16, False, 4),
     "mqa_q16": (8, 1, 256, 256, 16, jnp.float16, False, 16),
     "mla128_q2": (128, 1, 576, 512, 64, jnp.bfloat16, True, 2),  # 256 rows: warpgroup-MMA blocks on sm_90
+    "mla16_q2": (16, 1, 576, 512, 64, jnp.bfloat16, True, 2),  # 32 rows: two 16-row head blocks
 }
 
 

@@ -17,10 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from conftest import HAS_GPU
 
 import jax_decode
 import torch_bridge
 from jax_decode.prepare import DECODE_NAMES, VLLM_NAMES
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
 
 B, H, KV, D, PAGES, PAGE, MAX_PAGES, SPLITS = 2, 4, 2, 16, 4, 4, 2, 2
 
@@ -145,8 +148,8 @@ def run_vllm(arrays: dict, options: dict, compiled: bool):
     logit_cap = options.pop("logit_cap", 0.0)
 
     def call(q, k_buffer, v_buffer, req_to_token, b_seq_len):
-        o = torch.empty(B, H, D)
-        attn_logits = torch.empty(B, H, max(splits, 1) if isinstance(splits, int) else 1, D + 1)
+        o = torch.empty(B, H, D, device=q.device)
+        attn_logits = torch.empty(B, H, max(splits, 1) if isinstance(splits, int) else 1, D + 1, device=q.device)
         torch_bridge.decode_attention_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, splits,
                                           sm_scale, PAGE, logit_cap, **options)  # fmt: skip
         return o
@@ -200,11 +203,11 @@ def test_every_entry_point_refuses_alike(entry, case, arrays, options, error, te
 
 def test_compiled_drop_in_matches_eager_on_valid_input():
     """The regression the table guards: compiled and eager run one path, same bits."""
-    args = good()
+    args = {name: t.to(DEVICE) for name, t in good().items()}
     eager = run_vllm(args, {}, compiled=False)
     torch._dynamo.reset()
     compiled = run_vllm(args, {}, compiled=True)
-    np.testing.assert_array_equal(compiled.numpy(), eager.numpy())
+    np.testing.assert_array_equal(compiled.cpu().numpy(), eager.cpu().numpy())
 
 
 def test_import_torch_bridge_does_not_import_jax():
