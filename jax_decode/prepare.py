@@ -140,7 +140,13 @@ def prepare_decode(
     )
     frontend.check({name: x for name, x in zip(names, ops, strict=True) if x is not None})
     problem = decode_problem(specs(ops), options, names)
-    kernel_ops = DecodeOperands(
+    return problem, kernel_operands(ops, problem, frontend)
+
+
+def kernel_operands(ops: DecodeOperands, problem: DecodeProblem, frontend: Frontend) -> DecodeOperands:
+    """Checked operands (scales as arrays) as the kernels read them: scales and sinks
+    float32 and 1-D; no V array where V is K's latent (MLA)."""
+    return DecodeOperands(
         ops.q,
         ops.k_cache,
         None if problem.v_from_k else ops.v_cache,
@@ -150,7 +156,6 @@ def prepare_decode(
         None if ops.v_scale is None else frontend.float32(ops.v_scale),
         None if ops.sinks is None else frontend.float32(ops.sinks),
     )
-    return problem, kernel_ops
 
 
 @_cached

@@ -217,3 +217,40 @@ def test_import_torch_bridge_does_not_import_jax():
     code = "import sys, torch_bridge; assert 'jax' not in sys.modules, 'jax imported'; print('ok')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- the per-call fast path
+
+REFUSED_AFTER_ACCEPTED = [
+    ("strided_q", lambda a: dict(a, q=strided_q()), {}, "must have a contiguous last dimension"),
+    ("q_requires_grad", lambda a: dict(a, q=a["q"].clone().requires_grad_()), {}, "q requires grad"),
+    ("page_table_int64", lambda a: dict(a, page_table=a["page_table"].long()), {}, "{page_table} must be int32"),
+    ("k_scale_nan", lambda a: a, dict(k_scale=float("nan")), "k_scale must be finite and > 0, got nan"),
+    ("meta_device", lambda a: {n: t.to("meta") for n, t in a.items()}, {}, "CUDA device or the CPU"),
+]
+
+
+@pytest.mark.parametrize("entry", ["torch", "vllm"])
+@pytest.mark.parametrize(("case", "change", "options", "message"), REFUSED_AFTER_ACCEPTED,
+                         ids=[c[0] for c in REFUSED_AFTER_ACCEPTED])  # fmt: skip
+def test_a_call_like_an_accepted_one_but_for_one_thing_is_still_refused(entry, case, change, options, message):
+    """After a call is accepted, calls whose arguments have the same shapes skip the
+    checks only where nothing a check reads differs (strides, dtype, device, grad, a
+    scale's value): each of these differs in one such thing and is refused."""
+    run = run_torch if entry == "torch" else run_vllm
+    accepted = dict(k_scale=0.5) if options else {}
+    run(good(), accepted, compiled=False)
+    names = DECODE_NAMES if entry == "torch" else VLLM_NAMES
+    with pytest.raises((ValueError, TypeError), match=re.escape(message.format(**names._asdict()))):
+        run(change(good()), options, compiled=False)
+
+
+def test_accepted_calls_are_bit_identical_to_first_calls():
+    from torch_bridge import ops
+
+    args = good()
+    ops._ACCEPTED.clear()
+    first = run_torch(args, dict(num_kv_splits=2), compiled=False).clone()
+    assert ops._ACCEPTED, "the first call was remembered"
+    again = run_torch(args, dict(num_kv_splits=2), compiled=False)
+    np.testing.assert_array_equal(again.numpy(), first.numpy())

@@ -28,7 +28,14 @@ import torch
 from jax_decode.launch import DeviceInfo, LaunchConfig, check_cache_dtype_on_device, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.operands import DecodeOperands
-from jax_decode.prepare import VLLM_NAMES, DecodeOptions, prepare_decode, prepare_write
+from jax_decode.prepare import (
+    VLLM_NAMES,
+    DecodeOptions,
+    float_input,
+    kernel_operands,
+    prepare_decode,
+    prepare_write,
+)
 from jax_decode.validation import (
     check_arrays,
     check_flag,
@@ -167,12 +174,19 @@ def _check_output(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype
     _check_writable(name, tensor)
 
 
+@functools.lru_cache(maxsize=4096)
+def _scratch_layout(config: LaunchConfig) -> tuple:
+    """(elements, mid_o's elements, mid_o's shape, mid_lse's shape) of ``config``'s scratch."""
+    mid_o_size = math.prod(config.mid_o_shape)
+    return mid_o_size + math.prod(config.mid_lse_shape), mid_o_size, config.mid_o_shape, config.mid_lse_shape
+
+
 def _scratch(q: torch.Tensor, config: LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1's partial results for ``config``'s splits: (mid_o, mid_lse) views of one
     float32 buffer."""
-    mid_o_size, mid_lse_size = math.prod(config.mid_o_shape), math.prod(config.mid_lse_shape)
-    scratch = q.new_empty((mid_o_size + mid_lse_size,), dtype=torch.float32)
-    return scratch[:mid_o_size].view(config.mid_o_shape), scratch[mid_o_size:].view(config.mid_lse_shape)
+    size, mid_o_size, mid_o_shape, mid_lse_shape = _scratch_layout(config)
+    scratch = q.new_empty((size,), dtype=torch.float32)
+    return scratch[:mid_o_size].view(mid_o_shape), scratch[mid_o_size:].view(mid_lse_shape)
 
 
 _LSE_SINKS: dict[tuple, torch.Tensor] = {}
@@ -195,23 +209,66 @@ def _lse_sink(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
 # --------------------------------------------------------------------------- the two call paths
 
 
+# --- The per-call cost.  Every check and the plan are pure functions of what a call's
+# arguments are (each tensor's type, shape, strides, dtype, device and requires_grad;
+# each number's type and value; the options; grad mode), never of the tensors' values.
+# So a call whose arguments are, in all of that, those of a call the full path already
+# accepted reuses that call's launch config: the same checks would pass and the same
+# plan come out.  Anything else (a tensor subclass, another type, check_inputs) takes
+# the full path.
+
+_ACCEPTED: dict[tuple, LaunchConfig] = {}
+MAX_ACCEPTED = 4096
+
+
+def _call_key(*args) -> tuple | None:
+    """What the checks and the plan read of ``args``; None if an argument is not a plain
+    tensor, number or None (the full path judges it)."""
+    key = [torch.is_grad_enabled()]
+    for x in args:
+        kind = type(x)
+        if kind is torch.Tensor:
+            key.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad))
+        elif x is None or kind in (int, float, str):
+            key.append((kind, x))
+        else:
+            return None
+    return tuple(key)
+
+
+def _accept(key: tuple | None, config: LaunchConfig) -> None:
+    if key is not None:
+        if len(_ACCEPTED) >= MAX_ACCEPTED:
+            del _ACCEPTED[next(iter(_ACCEPTED))]  # the oldest
+        _ACCEPTED[key] = config
+
+
 def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options: DecodeOptions, out,
                 lse, check_inputs: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """decode_attention, eager or in its op: check, plan, launch; ``out``/``lse`` are
     allocated when None."""
-    given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
-    problem, ops = prepare_decode(given, options, TORCH)
-    config = _launch_config(problem, device_info(q.device), options.num_kv_splits)
-    if check_inputs:
-        _check_values(page_table, seq_lens, config)
+    key = None if check_inputs else _call_key(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, out,
+                                              *options)  # fmt: skip
+    config = _ACCEPTED.get(key) if key is not None else None
+    if config is None:
+        given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
+        problem, ops = prepare_decode(given, options, TORCH)
+        config = _launch_config(problem, device_info(q.device), options.num_kv_splits)
+        if check_inputs:
+            _check_values(page_table, seq_lens, config)
+        if out is not None:
+            TORCH.check(dict(q=q, out=out))
+            _check_output("out", out, problem.out_shape, problem.dtype, "[batch, (q_len,) num_heads, head_dim_v], as q")
+        _accept(key, config)
+    else:  # arguments like those of a call that passed (see _call_key)
+        scales = (float_input(n, x, TORCH, q) for n, x in (("k_scale", k_scale), ("v_scale", v_scale)))
+        given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, *scales, sinks)
+        ops = kernel_operands(given, config.problem, TORCH)
     p = config.problem
     if out is None:
         out = q.new_empty(p.out_shape)
-    else:
-        TORCH.check(dict(q=q, out=out))
-        _check_output("out", out, p.out_shape, p.dtype, "[batch, (q_len,) num_heads, head_dim_v], as q")
     if lse is None:
-        lse = q.new_empty(p.lse_shape, dtype=torch.float32)
+        lse = q.new_empty(out.shape[:-1], dtype=torch.float32)
     launch_decode(config, ops, *_scratch(q, config), out, lse)
     return out, lse
 
@@ -219,10 +276,23 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
 def _run_decode_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale,
                     page_size, logit_cap, k_scale, v_scale, check_inputs: bool) -> None:  # fmt: skip
     """vLLM's decode_attention_fwd, eager or in its op: check, plan, launch into ``o``."""
-    config, ops = _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale,
-                               page_size, logit_cap, k_scale, v_scale)  # fmt: skip
-    if check_inputs:
-        _check_values(req_to_token, b_seq_len, config)
+    key = None
+    if not check_inputs and type(k_buffer) is torch.Tensor and type(v_buffer) is torch.Tensor:
+        key = _call_key(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale,
+                        page_size, logit_cap, k_scale, v_scale)  # fmt: skip
+        if key is not None:  # whether V is K's latent depends on where v_buffer points
+            key += (_v_is_k(k_buffer, v_buffer, k_scale, v_scale),)
+    config = _ACCEPTED.get(key) if key is not None else None
+    if config is None:
+        config, ops = _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits,
+                                   sm_scale, page_size, logit_cap, k_scale, v_scale)  # fmt: skip
+        if check_inputs:
+            _check_values(req_to_token, b_seq_len, config)
+        _accept(key, config)
+    else:  # arguments like those of a call that passed (see _call_key)
+        scales = (float_input(n, x, TORCH, q) for n, x in (("k_scale", k_scale), ("v_scale", v_scale)))
+        given = _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, *scales, config.problem.v_from_k)
+        ops = kernel_operands(given, config.problem, TORCH)
     dv = config.problem.head_dim_v
     launch_decode(config, ops, attn_logits[..., :dv], attn_logits[..., dv], o, _lse_sink(q, config))
 
@@ -239,22 +309,12 @@ def _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits,
                       attn_logits=attn_logits), array_type=torch.Tensor, array_kind=TENSOR)  # fmt: skip
     if q.dim() == 4:  # vLLM's signature: one query token per row
         raise ValueError(f"q must be 3-D [batch, num_heads, head_dim] (one token per row), got shape {tuple(q.shape)}")
-    if k_buffer.dim() == 3 and v_buffer.dim() == 3:
-        if page_size != 1:
-            raise ValueError(f"3-D k_buffer [num_tokens, num_kv_heads, D] needs page_size 1, got {page_size}")
-        k_buffer, v_buffer = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
+    if k_buffer.dim() == 3 and v_buffer.dim() == 3 and page_size != 1:
+        raise ValueError(f"3-D k_buffer [num_tokens, num_kv_heads, D] needs page_size 1, got {page_size}")
     if k_buffer.dim() == 4 and k_buffer.shape[1] != page_size:
         raise ValueError(f"k_buffer page_size ({k_buffer.shape[1]}) must equal page_size ({page_size})")
-    # V is K's latent (MLA: read through K's tile, with K's scale) when v_buffer is a
-    # view of k_buffer's first columns.
-    v_from_k = (
-        v_buffer.data_ptr() == k_buffer.data_ptr()
-        and v_buffer.stride() == k_buffer.stride()
-        and v_buffer.shape[:-1] == k_buffer.shape[:-1]
-        and (v_scale is None or v_scale is k_scale)
-    )
-    given = DecodeOperands(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len, k_scale,
-                           None if v_from_k else v_scale)  # fmt: skip
+    v_from_k = _v_is_k(k_buffer, v_buffer, k_scale, v_scale)
+    given = _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, v_from_k)
     options = DecodeOptions(v_buffer.shape[-1] if v_buffer.dim() else None, sm_scale, logit_cap, None, num_kv_splits)
     problem, ops = prepare_decode(given, options, TORCH, VLLM_NAMES)
     config = _launch_config(problem, device_info(q.device), num_kv_splits)
@@ -264,6 +324,25 @@ def _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits,
                   "[batch, num_heads, num_kv_splits, head_dim_v + 1]")  # fmt: skip
     _check_output("o", o, (p.batch, p.num_heads, p.head_dim_v), p.dtype, "[batch, num_heads, head_dim_v]")
     return config, ops
+
+
+def _v_is_k(k_buffer, v_buffer, k_scale, v_scale) -> bool:
+    """Whether V is K's latent (MLA: read through K's tile, with K's scale): v_buffer is
+    a view of k_buffer's first columns."""
+    return (
+        v_buffer.data_ptr() == k_buffer.data_ptr()
+        and v_buffer.stride() == k_buffer.stride()
+        and v_buffer.shape[:-1] == k_buffer.shape[:-1]
+        and (v_scale is None or v_scale is k_scale)
+    )
+
+
+def _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, k_scale, v_scale, v_from_k) -> DecodeOperands:
+    """vLLM's buffers as decode_attention's operands (3-D buffers: pages of one token)."""
+    if k_buffer.dim() == 3 and v_buffer.dim() == 3:
+        k_buffer, v_buffer = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
+    return DecodeOperands(q, k_buffer, None if v_from_k else v_buffer, req_to_token, b_seq_len, k_scale,
+                          None if v_from_k else v_scale)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the custom ops (torch.compile)
