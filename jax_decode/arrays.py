@@ -25,7 +25,14 @@ class JaxFrontend:
 
     @staticmethod
     def check(named: dict) -> None:
-        """JAX arrays are contiguous and on one device (or sharded): no rule of their own."""
+        """JAX arrays are contiguous and on one device (or sharded); a torch tensor is not
+        one (it fails deep inside JAX): refused with the two ways to pass it."""
+        for name, value in named.items():
+            if type(value).__module__.startswith("torch"):
+                raise TypeError(
+                    f"{name} is a torch.Tensor: pass a jax.Array (torch_bridge.to_jax shares the tensor's memory) "
+                    "or call torch_bridge's function of the same name"
+                )
 
 
 JAX = JaxFrontend()

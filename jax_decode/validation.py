@@ -38,6 +38,7 @@ INT32_MAX = 2**31 - 1
 # CUDA's limit on a grid's second and third axes (stage 2 puts the heads on one).
 MAX_GRID_AXIS = 65535
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32: below it, flushed to 0 in places
 
 
 def dtype_name(dtype: object) -> str:
@@ -75,10 +76,17 @@ def check_int_type(name: str, value: object) -> None:
         raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
 
 
+def type_name(value: object) -> str:
+    """``str`` for a built-in type, ``numpy.bool`` for another (whose bare name can read
+    like a built-in's)."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+
+
 def check_flag(name: str, value: object) -> None:
     """A bool option must be a bool (a string would be truthy)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a Python bool, got {type_name(value)}")
 
 
 def check_option_types(*, sm_scale: object, logit_cap: object, head_dim_v: object, window_left: object,
@@ -101,8 +109,10 @@ def _check_scalar(name: str, value: object, *, allow_zero: bool) -> float:
     rule = ">= 0" if allow_zero else "> 0"
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} must be finite and {rule}, got {value}")
-    if value > FLOAT32_MAX or (value > 0 and np.float32(value) == 0 and not allow_zero):
+    if value > FLOAT32_MAX:
         raise ValueError(f"{name} must be finite and {rule} in float32, got {value}")
+    if 0 < value < FLOAT32_TINY and not allow_zero:  # subnormal in float32: flushed to 0 in places
+        raise ValueError(f"{name} must be finite and {rule} in float32 (at least {FLOAT32_TINY:.4g}), got {value}")
     return value
 
 
@@ -129,7 +139,7 @@ def is_float_scalar(name: str, value: object, *, scalar_ok: bool) -> bool:
     return True
 
 
-ANY_ARRAY = "an array (jax.Array, NumPy or torch tensor)"
+ANY_ARRAY = "an array (jax.Array or NumPy)"
 
 
 def check_arrays(

@@ -93,13 +93,22 @@ def _trace(q=(2, 8, 16), cache=(8, 16, 2, 16), page_table=(2, 4), **options):
     ("options", "match"),
     [
         (dict(sm_scale=1e39), r"sm_scale must be finite and > 0 in float32, got 1e\+39"),
-        (dict(sm_scale=1e-50), r"sm_scale must be finite and > 0 in float32, got 1e-50"),
+        (dict(sm_scale=1e-50), r"sm_scale must be finite and > 0 in float32 \(at least 1.175e-38\), got 1e-50"),
         (dict(logit_cap=1e39), r"logit_cap must be finite and >= 0 in float32"),
         (dict(page_table=(2, 2**27)), r"page_table width \(134217728\) x page_size \(16\) = 2147483648 tokens per row"),
         (dict(q=(2, 70000, 16), cache=(8, 16, 70000, 16)), r"num_heads \(70000\) must be at most 65535"),
         (dict(window_left=2**31), r"window_left must be in \[0, 2147483647\]"),
+        (dict(k_scale=1e-40), r"k_scale must be finite and > 0 in float32 \(at least 1.175e-38\), got 1e-40"),
     ],
-    ids=["sm_scale_overflows", "sm_scale_underflows", "cap_overflows", "capacity", "num_heads", "window"],
+    ids=[
+        "sm_scale_overflows",
+        "sm_scale_underflows",
+        "cap_overflows",
+        "capacity",
+        "num_heads",
+        "window",
+        "subnormal_scale",
+    ],  # fmt: skip
 )
 def test_values_past_the_kernels_range_are_refused(options, match):
     with pytest.raises(ValueError, match=match):
@@ -168,7 +177,7 @@ def test_zero_size_tensors_with_zero_strides_are_accepted():
 def test_torch_refuses_inputs_that_require_grad():
     tensors = [to_tensor(a, DEVICE) for a in GQA4.problem().arrays]
     q = tensors[0].clone().requires_grad_()
-    with pytest.raises(ValueError, match=r"q requires grad, but decode attention has no gradient .* torch.no_grad\(\)"):
+    with pytest.raises(ValueError, match=r"q requires grad, but these kernels have no gradient .* torch.no_grad\(\)"):
         torch_bridge.decode_attention(q, *tensors[1:])
     with torch.no_grad():
         torch_bridge.decode_attention(q, *tensors[1:])

@@ -165,3 +165,15 @@ def test_one_token_results_do_not_change_with_a_token_axis_of_one(case: Case):
     four, four_lse = run_jax(four_d, backend=KERNEL_BACKEND, mla=case.mla, **case.options())
     np.testing.assert_array_equal(four[:, 0], three)
     np.testing.assert_array_equal(four_lse[:, 0], three_lse)
+
+
+@pytest.mark.parametrize("backend", [KERNEL_BACKEND, "xla"])
+def test_a_window_near_int32_max_over_rows_shorter_than_q_len(backend):
+    """seq_len - q_len - window_left would overflow int32: the window holds the whole row."""
+    case = dataclasses.replace(_multi(GQA4, 4), window_left=2**31 - 1)
+    problem = case.problem()
+    problem.seq_lens[:] = [2, 3, 1, 0]
+    out, lse = run_jax(problem, backend=backend, **case.options())
+    assert_matches_oracle(problem, out, lse, **case.oracle_options())
+    whole, _ = run_jax(problem, backend=backend, num_kv_splits=2)
+    np.testing.assert_array_equal(out, whole)

@@ -132,7 +132,7 @@ class _TorchFrontend:
                 )
             if grad and tensor.requires_grad:
                 raise ValueError(
-                    f"{name} requires grad, but decode attention has no gradient (it is an inference kernel); "
+                    f"{name} requires grad, but these kernels have no gradient (they are for inference); "
                     f"call it under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
                 )
 
@@ -257,6 +257,7 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
         if check_inputs:
             _check_values(page_table, seq_lens, config)
         if out is not None:
+            check_arrays(dict(out=out), array_type=torch.Tensor, array_kind=TENSOR)
             TORCH.check(dict(q=q, out=out))
             _check_output("out", out, problem.out_shape, problem.dtype, "[batch, (q_len,) num_heads, head_dim_v], as q")
         _accept(key, config)
@@ -395,7 +396,7 @@ def _decode_attention_fwd_op(
     b_seq_len: torch.Tensor,
     attn_logits: torch.Tensor,
     num_kv_splits: int,
-    sm_scale: float,
+    sm_scale: float | None,
     page_size: int,
     logit_cap: float,
     k_scale: torch.Tensor | None,
@@ -427,6 +428,17 @@ def _traced_scale(name: str, value) -> tuple[torch.Tensor | None, float | None]:
 def _traced(check_inputs: bool, page_table, seq_lens) -> None:
     if check_inputs:
         _check_values(page_table, seq_lens, None)  # (refuses: it needs the values on the host)
+
+
+def _traced_tensors(named: dict, writable: tuple[str, ...]) -> None:
+    """While tracing, the checks of the tensors' static properties: devices, strides,
+    grad (the op's body never sees grad: autograd has stripped it by then) and outputs
+    whose elements share memory -- the eager call's messages, raised before torch would
+    raise its own."""
+    TORCH.check({name: t for name, t in named.items() if t is not None})
+    for name in writable:
+        if named.get(name) is not None:
+            _check_writable(name, named[name])
 
 
 # --------------------------------------------------------------------------- entry points
@@ -470,10 +482,12 @@ def decode_attention(
         return (out, lse) if return_lse else out
     # Tracing: what the op's schema needs; the op runs _run_decode when the graph runs.
     _traced(check_inputs, page_table, seq_lens)
-    arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, sinks=sinks, out=out)
-    check_arrays(arrays, optional=("v_cache", "sinks", "out"), array_type=torch.Tensor, array_kind=TENSOR)
+    arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, out=out)
+    check_arrays(arrays, optional=("v_cache", "out"), array_type=torch.Tensor, array_kind=TENSOR)
     check_option_types(**options._asdict())
     (k_tensor, k_number), (v_tensor, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
+    sinks = float_input("sinks", sinks, TORCH, q, scalar_ok=False)
+    _traced_tensors(dict(arrays, k_scale=k_tensor, v_scale=v_tensor, sinks=sinks), writable=("out",))
     rows = tuple(q.shape[:-1]) if q.dim() in (3, 4) else (0,)  # a wrong rank is refused by the op
     if out is None:
         dv = head_dim_v if head_dim_v is not None else v_cache.shape[-1] if v_cache is not None else 0
@@ -529,6 +543,9 @@ def decode_attention_fwd(
     if isinstance(page_size, bool) or not isinstance(page_size, numbers.Integral):
         raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
     (k_tensor, k_number), (v_tensor, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
+    _traced_tensors(dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, b_seq_len=b_seq_len,
+                         k_scale=k_tensor, v_scale=v_tensor, o=o, attn_logits=attn_logits),
+                    writable=("o", "attn_logits"))  # fmt: skip
     torch.ops.jax_decode.decode_attention_fwd_(
         q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size, logit_cap,
         k_tensor, v_tensor, k_number, v_number,

@@ -37,8 +37,8 @@ def decode_attention(ops: DecodeOperands, problem: DecodeProblem):
     # up to its own, and with a window only the last window_left + 1 of them.
     limits = lengths[:, None] - p.q_len + 1 + jnp.arange(p.q_len)  # [batch, q_len]
     token_ok = (positions[None, None, :] < limits[..., None]) & jnp.repeat(page_ok, p.page_size, axis=1)[:, None]
-    if p.window_left >= 0:
-        token_ok &= positions[None, None, :] >= limits[..., None] - 1 - p.window_left
+    if p.window_left >= 0:  # (in this form int32 cannot overflow for a window near INT32_MAX)
+        token_ok &= limits[..., None] - 1 - positions[None, None, :] <= p.window_left
 
     # Zero the values of tokens no query attends to: weight 0 times a stale NaN/inf would still be NaN.
     values = jnp.where(token_ok.any(axis=1)[:, :, None, None], values, 0.0)

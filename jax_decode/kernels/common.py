@@ -114,7 +114,9 @@ def split_bounds(
     """
     first = seq_len * 0
     if WINDOW_LEFT >= 0:
-        first = tl.maximum(seq_len - Q_LEN - WINDOW_LEFT, 0)
+        # max(seq_len - Q_LEN - WINDOW_LEFT, 0), without the int32 overflow of a window
+        # near INT32_MAX over a row shorter than Q_LEN.
+        first = tl.where(seq_len - Q_LEN > WINDOW_LEFT, seq_len - Q_LEN - WINDOW_LEFT, 0)
     per_split = tl.cdiv(tl.cdiv(seq_len - first, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
     start = first + split_idx * per_split
     end = tl.minimum(start + per_split, seq_len)
@@ -128,8 +130,8 @@ def causal_rows(offs_n, seq_len, tok, Q_LEN: tl.constexpr, WINDOW_LEFT: tl.const
     itself, and with a window only its last WINDOW_LEFT + 1 of them."""
     limit = seq_len - Q_LEN + 1 + tok
     keep = offs_n[None, :] < limit[:, None]
-    if WINDOW_LEFT >= 0:
-        keep = keep & (offs_n[None, :] >= (limit - 1 - WINDOW_LEFT)[:, None])
+    if WINDOW_LEFT >= 0:  # (limit - 1 - offs_n cannot overflow int32; limit - 1 - WINDOW_LEFT could)
+        keep = keep & ((limit[:, None] - 1 - offs_n[None, :]) <= WINDOW_LEFT)
     return keep
 
 

@@ -7,6 +7,7 @@ Triton.
 from __future__ import annotations
 
 import math
+import operator
 
 from jax_decode.launch.config import LaunchConfig, Variant
 from jax_decode.launch.cost import ProgramShape, long_tail_time, programs_per_sm, uniform_time
@@ -180,8 +181,10 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
     """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one."""
     p = problem
     check_cache_dtype_on_device(p.cache_dtype, device)
-    if num_kv_splits is not None and not 1 <= num_kv_splits <= MAX_KV_SPLITS:
-        raise ValueError(f"num_kv_splits ({num_kv_splits}) must be in [1, {MAX_KV_SPLITS}]")
+    if num_kv_splits is not None:
+        num_kv_splits = operator.index(num_kv_splits)  # a NumPy integer too
+        if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
+            raise ValueError(f"num_kv_splits ({num_kv_splits}) must be in [1, {MAX_KV_SPLITS}]")
     block_dmodel, block_dpe = split_head_dim(p.head_dim_qk)
     block_dv = max(MIN_DOT_DIM, next_power_of_2(p.head_dim_v))
     if p.v_from_k and p.head_dim_v == block_dmodel:
