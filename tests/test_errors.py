@@ -324,5 +324,5 @@ def test_write_kv_cache_past_int32_slots_is_refused():
 
 @pytest.mark.parametrize("flag", ["return_lse", "check_inputs"])
 def test_bool_options_must_be_bools(flag):
-    with pytest.raises(TypeError, match=rf"{flag} must be a bool, got str"):
+    with pytest.raises(TypeError, match=rf"{flag} must be a Python bool, got str"):
         trace({flag: "no"})
