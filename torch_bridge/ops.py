@@ -430,15 +430,12 @@ def _traced(check_inputs: bool, page_table, seq_lens) -> None:
         _check_values(page_table, seq_lens, None)  # (refuses: it needs the values on the host)
 
 
-def _traced_tensors(named: dict, writable: tuple[str, ...]) -> None:
-    """While tracing, the checks of the tensors' static properties: devices, strides,
-    grad (the op's body never sees grad: autograd has stripped it by then) and outputs
-    whose elements share memory -- the eager call's messages, raised before torch would
-    raise its own."""
+def _traced_tensors(named: dict) -> None:
+    """While tracing, the checks of the tensors' static properties: devices, strides and
+    grad (the op's body never sees grad: autograd has stripped it by then), with the
+    eager call's messages.  (An output whose elements share memory is refused by
+    torch's functionalization before the op runs.)"""
     TORCH.check({name: t for name, t in named.items() if t is not None})
-    for name in writable:
-        if named.get(name) is not None:
-            _check_writable(name, named[name])
 
 
 # --------------------------------------------------------------------------- entry points
@@ -487,7 +484,7 @@ def decode_attention(
     check_option_types(**options._asdict())
     (k_tensor, k_number), (v_tensor, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
     sinks = float_input("sinks", sinks, TORCH, q, scalar_ok=False)
-    _traced_tensors(dict(arrays, k_scale=k_tensor, v_scale=v_tensor, sinks=sinks), writable=("out",))
+    _traced_tensors(dict(arrays, k_scale=k_tensor, v_scale=v_tensor, sinks=sinks))
     rows = tuple(q.shape[:-1]) if q.dim() in (3, 4) else (0,)  # a wrong rank is refused by the op
     if out is None:
         dv = head_dim_v if head_dim_v is not None else v_cache.shape[-1] if v_cache is not None else 0
@@ -544,8 +541,7 @@ def decode_attention_fwd(
         raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
     (k_tensor, k_number), (v_tensor, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
     _traced_tensors(dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, b_seq_len=b_seq_len,
-                         k_scale=k_tensor, v_scale=v_tensor, o=o, attn_logits=attn_logits),
-                    writable=("o", "attn_logits"))  # fmt: skip
+                         k_scale=k_tensor, v_scale=v_tensor, o=o, attn_logits=attn_logits))  # fmt: skip
     torch.ops.jax_decode.decode_attention_fwd_(
         q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size, logit_cap,
         k_tensor, v_tensor, k_number, v_number,
