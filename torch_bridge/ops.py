@@ -9,8 +9,9 @@ drop-in ``decode_attention_fwd`` runs :func:`_run_decode_fwd`, eagerly or -- und
 from :func:`jax_decode.prepare.prepare_decode`, the JAX frontend's checks and operand
 normalisation, and plan through :func:`jax_decode.launch.make_launch_config`, so the
 same inputs give the same refusal or the same launch (and bit-identical results)
-whichever way they arrive.  While torch.compile traces, the entry points only check
-what the ops' schemas need (types) and allocate the outputs.
+whichever way they arrive.  While torch.compile traces, the entry points check what
+tracing sees (types, devices, strides, grad) with the same functions and allocate the
+outputs.
 
 The ops write their outputs in place and allocate only scratch whose size depends on
 shapes, so ``fullgraph=True`` sees no graph break and a CUDA graph can capture and
@@ -229,11 +230,16 @@ def _call_key(*args) -> tuple | None:
         kind = type(x)
         if kind is torch.Tensor:
             key.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad))
-        elif x is None or kind in (int, float, str):
+        elif x is None or kind in (int, float):
             key.append((kind, x))
         else:
             return None
     return tuple(key)
+
+
+def _scale_arrays(q, k_scale, v_scale) -> tuple:
+    """An accepted call's scales as arrays (a number becomes its cached tensor)."""
+    return float_input("k_scale", k_scale, TORCH, q), float_input("v_scale", v_scale, TORCH, q)
 
 
 def _accept(key: tuple | None, config: LaunchConfig) -> None:
@@ -262,8 +268,7 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
             _check_output("out", out, problem.out_shape, problem.dtype, "[batch, (q_len,) num_heads, head_dim_v], as q")
         _accept(key, config)
     else:  # arguments like those of a call that passed (see _call_key)
-        scales = (float_input(n, x, TORCH, q) for n, x in (("k_scale", k_scale), ("v_scale", v_scale)))
-        given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, *scales, sinks)
+        given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, *_scale_arrays(q, k_scale, v_scale), sinks)
         ops = kernel_operands(given, config.problem, TORCH)
     p = config.problem
     if out is None:
@@ -277,22 +282,20 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
 def _run_decode_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale,
                     page_size, logit_cap, k_scale, v_scale, check_inputs: bool) -> None:  # fmt: skip
     """vLLM's decode_attention_fwd, eager or in its op: check, plan, launch into ``o``."""
-    key = None
-    if not check_inputs and type(k_buffer) is torch.Tensor and type(v_buffer) is torch.Tensor:
-        key = _call_key(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale,
-                        page_size, logit_cap, k_scale, v_scale)  # fmt: skip
-        if key is not None:  # whether V is K's latent depends on where v_buffer points
-            key += (_v_is_k(k_buffer, v_buffer, k_scale, v_scale),)
+    args = (q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size,
+            logit_cap, k_scale, v_scale)  # fmt: skip
+    key = None if check_inputs else _call_key(*args)
+    if key is not None:  # (both buffers are tensors) whether V is K's latent depends on where v_buffer points
+        key += (_v_is_k(k_buffer, v_buffer, k_scale, v_scale),)
     config = _ACCEPTED.get(key) if key is not None else None
     if config is None:
-        config, ops = _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits,
-                                   sm_scale, page_size, logit_cap, k_scale, v_scale)  # fmt: skip
+        config, ops = _prepare_fwd(*args)
         if check_inputs:
             _check_values(req_to_token, b_seq_len, config)
         _accept(key, config)
     else:  # arguments like those of a call that passed (see _call_key)
-        scales = (float_input(n, x, TORCH, q) for n, x in (("k_scale", k_scale), ("v_scale", v_scale)))
-        given = _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, *scales, config.problem.v_from_k)
+        given = _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, *_scale_arrays(q, k_scale, v_scale),
+                              config.problem.v_from_k)  # fmt: skip
         ops = kernel_operands(given, config.problem, TORCH)
     dv = config.problem.head_dim_v
     launch_decode(config, ops, attn_logits[..., :dv], attn_logits[..., dv], o, _lse_sink(q, config))

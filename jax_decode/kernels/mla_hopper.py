@@ -41,10 +41,11 @@ P barrier), so the tensor cores idle during each softmax.  Overlapping them need
 third K stage (no room) or FlashMLA's "seesaw" (one warpgroup's softmax against the
 other's products, warp-specialised, with K released chunk by chunk).
 
-``_mla_stage1_hopper_seesaw`` (below) is a first draft of that seesaw, NOT YET RUN ON A
-GPU: it compiles for sm_90 (222,540 bytes of shared memory; 255 registers with a
-208-byte stack, i.e. some spills, in warpgroup 0), and nothing launches it except
-``benchmarks/mla_hopper.py --variants 2:1:1``, which checks it against the oracle first.
+``_mla_stage1_hopper_seesaw`` (below) is a first version of that seesaw: 222,540 bytes
+of shared memory, 255 registers with a 208-byte stack (some spills) in warpgroup 0.  On
+the H200 it passes the oracle and was no faster than the kernel above in its first run
+(b64 ctx4k 177.6 against 174.6 us); only ``benchmarks/mla_hopper.py --variants 2:1:1``
+launches it.
 
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per
@@ -609,7 +610,8 @@ def _mla_stage1_hopper_seesaw(
     CAPACITY: gl.constexpr,
     NUM_KV_SPLITS: gl.constexpr,
 ):
-    """The seesaw schedule (draft, not yet run on a GPU): launch with num_warps=4
+    """The seesaw schedule (passes the oracle on the H200; in its first run no faster than
+    _mla_stage1_hopper, see docs/performance.md): launch with num_warps=4
     (warpgroup 0; warpgroup 1 is a worker partition).  Same outputs as _mla_stage1_hopper;
     the latent comes through [64, 256] descriptor blocks (two halves)."""
     BLOCK_H: gl.constexpr = 64
