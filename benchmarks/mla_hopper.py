@@ -127,11 +127,13 @@ class MlaHopper:
             q2 = q.view(-1, HEAD_DIM_QK)
             k2 = k_cache.view(-1, HEAD_DIM_QK)
             rope = self.layout  # a [64, 64] bf16 tile takes the same 128-byte swizzle
+            # Whole 576-wide rows; the kernels read the rope part at column 512.
+            q_rows, k_rows = [q2.shape[0], HEAD_DIM_QK], [k2.shape[0], HEAD_DIM_QK]
             self.descs[key] = (
-                TensorDescriptor(q2, [q2.shape[0], 512], [HEAD_DIM_QK, 1], [64, self.latent_block], self.layout),
-                TensorDescriptor(q2[:, 512:], [q2.shape[0], 64], [HEAD_DIM_QK, 1], [64, 64], rope),
-                TensorDescriptor(k2, [k2.shape[0], 512], [HEAD_DIM_QK, 1], [64, self.latent_block], self.layout),
-                TensorDescriptor(k2[:, 512:], [k2.shape[0], 64], [HEAD_DIM_QK, 1], [64, 64], rope),
+                TensorDescriptor(q2, q_rows, [HEAD_DIM_QK, 1], [64, self.latent_block], self.layout),
+                TensorDescriptor(q2, q_rows, [HEAD_DIM_QK, 1], [64, 64], rope),
+                TensorDescriptor(k2, k_rows, [HEAD_DIM_QK, 1], [64, self.latent_block], self.layout),
+                TensorDescriptor(k2, k_rows, [HEAD_DIM_QK, 1], [64, 64], rope),
             )
         return self.descs[key]
 

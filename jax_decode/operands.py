@@ -67,6 +67,12 @@ def stage1_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
     )
 
 
+def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
+    """The Gluon MLA stage 1's inputs after its TMA descriptors (which ``launch.tma``
+    builds over ``ops.q`` and ``ops.k_cache``); its two outputs follow."""
+    return (ops.page_table, ops.seq_lens, problem.num_pages)
+
+
 def stage2_inputs(ops: DecodeOperands, mid_o, mid_lse) -> tuple:
     """The stage-2 kernel's inputs (``out`` and ``lse`` follow); ``mid_lse`` stands in
     for absent sinks."""

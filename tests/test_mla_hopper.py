@@ -3,7 +3,6 @@ its results, merged by our stage 2, match the float64 oracle on awkward input.""
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import subprocess
@@ -16,19 +15,9 @@ SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
 
 
 def _gluon_hopper_missing() -> str | None:
-    """Why this Triton cannot compile the kernel, or None."""
-    try:
-        hopper = importlib.import_module("triton.experimental.gluon.language.nvidia.hopper")
-        gl = importlib.import_module("triton.experimental.gluon.language")
-        for module, name in ((gl, "thread_barrier"), (hopper, "warpgroup_mma"), (hopper.tma, "tensor_descriptor")):
-            if not hasattr(module, name):
-                raise AttributeError(f"{module.__name__}.{name}")
-        runtime = importlib.import_module("triton.experimental.gluon._runtime")
-        runtime.GluonASTSource  # noqa: B018
-        importlib.import_module("jax_decode.kernels.mla_hopper")
-    except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
-        return f"this Triton ({importlib.import_module('triton').__version__}) lacks Gluon's Hopper API: {error!r}"
-    return None
+    from jax_decode.kernels.gluon_compile import gluon_hopper_missing
+
+    return gluon_hopper_missing()
 
 
 def compile_for_sm90(pipeline: int, num_heads: int = 128, num_kv_splits: int = 4):
@@ -140,3 +129,230 @@ def test_matches_oracle_on_awkward_input(pipeline, num_kv_splits):
     if missing:
         pytest.skip(missing)
     _run_isolated("_check_oracle", pipeline, num_kv_splits)
+
+
+# ----------------------------------------------------------------------------- the product path
+# DeepSeek-style MLA in bfloat16 with pages of whole 64-token tiles: on sm_90 the launch
+# config chooses the Gluon stage 1 for both frontends.
+
+LENGTHS = (0, 1, 63, 65, 777, 1280, 64 * 20 - 1, 64 * 20)
+
+
+def _hopper_mla_problem(page_size: int, num_heads: int):
+    from benchmarks.inputs import TorchArrays
+    from jax_decode.synthetic import make_paged_problem
+
+    return make_paged_problem(
+        batch=len(LENGTHS), num_heads=num_heads, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
+        page_size=page_size, seq_lens=LENGTHS, dtype="bfloat16", mla=True, max_pages=64 * 20 // page_size,
+        spare_pages=5, arrays=TorchArrays("cuda"), seed=page_size + num_heads,
+    )  # fmt: skip
+
+
+def _needs_hopper_path():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU visible to torch")
+    from jax_decode.kernels.gluon_compile import hopper_kernels_usable
+
+    if not hopper_kernels_usable():
+        pytest.skip("the Gluon Hopper kernels are not usable with this Triton")
+    return torch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [64, 128])
+@pytest.mark.parametrize("num_heads", [128, 16])
+@pytest.mark.parametrize("num_kv_splits", [None, 1, 3, 8], ids=lambda s: f"splits={s}")
+def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, num_kv_splits):
+    """torch_bridge and jitted JAX on the Gluon stage 1: both against the float64 oracle,
+    and bit-identical to each other."""
+    torch = _needs_hopper_path()
+    import jax
+    import numpy as np
+    from support import assert_matches_oracle
+
+    import jax_decode
+    import torch_bridge
+    from jax_decode.backends.triton import hopper_kernels_launchable
+
+    problem = _hopper_mla_problem(page_size, num_heads)
+    q, k_cache, _, page_table, seq_lens = problem.arrays
+    options = dict(head_dim_v=512, num_kv_splits=num_kv_splits)
+    out, lse = torch_bridge.decode_attention(q, k_cache, None, page_table, seq_lens, return_lse=True, **options)
+    torch.cuda.synchronize()
+    from torch_bridge.launcher import _DECODE_LAUNCHERS
+
+    gluon = [key[0] for key, launchers in _DECODE_LAUNCHERS.items() if launchers[2] is not None]
+    assert any(c.problem.num_heads == num_heads and c.problem.page_size == page_size for c in gluon), "Gluon ran"
+
+    rows = list(range(len(LENGTHS)))
+    host = problem.host_rows(rows)
+    got_out = out.float().cpu().numpy().astype(np.float64)
+    got_lse = lse.cpu().numpy().astype(np.float64)
+    assert_matches_oracle(host, got_out, got_lse, mla=True)
+
+    if not hopper_kernels_launchable():
+        pytest.skip("jaxlib passes no TMA descriptors here: JAX runs the portable kernels")
+    arrays = [torch_bridge.to_jax(a) for a in (q, k_cache, page_table, seq_lens)]
+    step = jax.jit(lambda q, k, pt, sl: jax_decode.decode_attention(q, k, None, pt, sl, return_lse=True, **options))
+    jax_out, jax_lse = step(*arrays)
+    np.testing.assert_array_equal(np.asarray(jax_out.view(jax.numpy.uint16)), out.view(torch.int16).cpu().numpy()
+                                  .view(np.uint16))  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(jax_lse), lse.cpu().numpy())
+
+
+@pytest.mark.gpu
+def test_strided_q_falls_back_to_the_portable_stage1():
+    """A q whose rows are not one stride apart is not TMA-addressable: the portable stage 1
+    runs with the same splits, and the result still matches the oracle."""
+    torch = _needs_hopper_path()
+    import numpy as np
+    from support import assert_matches_oracle
+
+    import torch_bridge
+
+    problem = _hopper_mla_problem(64, 128)
+    q, k_cache, _, page_table, seq_lens = problem.arrays
+    wide = torch.zeros(q.shape[0], q.shape[1], 640, dtype=q.dtype, device=q.device)
+    wide[..., :576] = q
+    strided = wide[..., :576]
+    out, lse = torch_bridge.decode_attention(strided, k_cache, None, page_table, seq_lens, head_dim_v=512,
+                                             return_lse=True)  # fmt: skip
+    host = problem.host_rows(list(range(len(LENGTHS))))
+    assert_matches_oracle(host, out.float().cpu().numpy().astype(np.float64),
+                          lse.cpu().numpy().astype(np.float64), mla=True)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- planning and lowering (CPU)
+
+H200 = dict(vendor="nvidia", compute_capability=90, num_sms=132)
+
+
+def _mla(batch=64, num_heads=128, page_size=64, max_pages=64, **changes):
+    from jax_decode.launch import DecodeProblem
+
+    fields = dict(
+        batch=batch, num_heads=num_heads, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
+        num_pages=batch * max_pages, page_size=page_size, max_pages=max_pages, dtype="bfloat16", v_from_k=True,
+        sm_scale=1 / math.sqrt(576), logit_cap=0.0,
+    )  # fmt: skip
+    fields.update(changes)
+    return DecodeProblem(**fields)
+
+
+def _plan(problem, hopper_kernels=True, num_kv_splits=None, **device):
+    from jax_decode.launch import DeviceInfo, make_launch_config
+
+    return make_launch_config(problem, DeviceInfo(**{**H200, **device}, hopper_kernels=hopper_kernels), num_kv_splits)
+
+
+def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
+    assert _plan(_mla()).hopper_mla
+    assert _plan(_mla(page_size=128, max_pages=32)).hopper_mla
+    assert _plan(_mla(num_heads=16)).hopper_mla
+    assert not _plan(_mla(), hopper_kernels=False).hopper_mla  # the frontend cannot launch it
+    assert not _plan(_mla(), compute_capability=80).hopper_mla
+    assert not _plan(_mla(), compute_capability=100).hopper_mla
+    for changes in (
+        dict(page_size=16, max_pages=256),  # a 64-token tile would span pages
+        dict(page_size=1, max_pages=4096),
+        dict(dtype="float16"),
+        dict(kv_dtype="float8_e4m3fn"),
+        dict(logit_cap=30.0),
+        dict(window_left=1000),
+        dict(has_sinks=True),
+        dict(q_len=2, token_axis=True),
+        dict(head_dim_qk=288, head_dim_v=256),
+        dict(v_from_k=False),
+    ):
+        assert not _plan(_mla(**changes)).hopper_mla, changes
+
+
+@pytest.mark.parametrize(
+    "batch, num_heads, max_pages, splits",
+    # The measured best split counts of the H200 rows (docs/mla_hopper_h200.json; 66 -> 64).
+    [(1, 128, 512, 64), (8, 128, 256, 8), (64, 128, 64, 1), (128, 128, 16, 1), (64, 16, 64, 2)],
+)
+def test_gluon_splits_fill_one_wave(batch, num_heads, max_pages, splits):
+    config = _plan(_mla(batch=batch, num_heads=num_heads, max_pages=max_pages))
+    assert config.num_kv_splits == splits
+    assert config.one_pass == (splits == 1)
+    launch = config.hopper_stage1(config.contiguous_strides())
+    assert launch.grid == (math.ceil(num_heads / 64), batch, splits)
+    assert [view.operand for view in launch.tma] == ["q", "q", "k_cache", "k_cache"]
+
+
+def test_tma_ready_needs_row_views():
+    import dataclasses
+
+    config = _plan(_mla(batch=2, num_heads=128, max_pages=4))
+    strides = config.contiguous_strides()
+    assert config.tma_ready(strides)
+    assert not config.tma_ready(dataclasses.replace(strides, q=(128 * 640, 640 + 4)))  # rows 1288 bytes apart
+    assert not config.tma_ready(dataclasses.replace(strides, q=(128 * 640 + 8, 640)))  # batch gap
+    assert not config.tma_ready(dataclasses.replace(strides, k=(64 * 576 * 2, 576, 576)))  # every other page
+
+
+def _check_product_compile(batch, num_heads, page_size, num_kv_splits) -> None:
+    from jax_decode.kernels.gluon_compile import compile_launch
+
+    config = _plan(_mla(batch=batch, num_heads=num_heads, page_size=page_size, max_pages=2048 // page_size),
+                   num_kv_splits=num_kv_splits)  # fmt: skip
+    kernel = compile_launch(config.hopper_stage1(config.contiguous_strides()), 90)
+    ptx = kernel.asm["ptx"]
+    assert kernel.metadata.shared <= SM90_SHARED_LIMIT, kernel.metadata.shared
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ".local" not in ptx, "nothing may live in local memory"
+    assert len(kernel.metadata.tensordesc_meta) == 4
+
+
+@pytest.mark.parametrize(
+    "batch, num_heads, page_size, num_kv_splits",
+    [(4, 128, 64, 1), (3, 16, 128, 3)],  # one pass (bf16 out), and splits into float32 scratch
+)
+def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_splits):
+    missing = _gluon_hopper_missing()
+    if missing:
+        pytest.skip(missing)
+    _run_isolated("_check_product_compile", batch, num_heads, page_size, num_kv_splits)
+
+
+def _check_jax_lowering(num_kv_splits) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    import jax_decode
+
+    batch, num_heads, num_pages, page_size, max_pages = 4, 128, 16, 64, 4
+    sds = jax.ShapeDtypeStruct
+    args = (
+        sds((batch, num_heads, 576), jnp.bfloat16),
+        sds((num_pages, page_size, 1, 576), jnp.bfloat16),
+        sds((batch, max_pages), jnp.int32),
+        sds((batch,), jnp.int32),
+    )
+
+    def step(q, k, pt, sl):
+        return jax_decode.decode_attention(
+            q, k, None, pt, sl, head_dim_v=512, num_kv_splits=num_kv_splits, return_lse=True, backend="triton"
+        )
+
+    with jax_decode.compile_target(jax_decode.DeviceInfo(**H200, hopper_kernels=True)):
+        text = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "custom_call @triton_kernel_call" in line]
+    # The Gluon stage 1 takes q and the cache twice (latent and rope descriptors); one
+    # split writes out and lse itself, more are merged by stage 2.
+    assert len(calls) == (1 if num_kv_splits == 1 else 2), calls
+    assert "(%arg0, %arg0, %arg1, %arg1, %arg2, %arg3)" in calls[0], calls[0]
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+def test_jax_lowers_the_gluon_stage1_for_sm90(num_kv_splits):
+    from jax_decode.backends.gluon_call import jaxlib_tma_missing
+    from jax_decode.backends.triton import jax_triton_import_error
+
+    for missing in (_gluon_hopper_missing(), jax_triton_import_error(), jaxlib_tma_missing()):
+        if missing:
+            pytest.skip(missing)
+    _run_isolated("_check_jax_lowering", num_kv_splits)

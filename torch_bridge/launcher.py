@@ -116,7 +116,39 @@ def kernel_strides(ops: operands.DecodeOperands, problem, mid_o, mid_lse, out, l
     )
 
 
-_DECODE_LAUNCHERS: dict[tuple, tuple[StageLauncher, StageLauncher]] = {}
+class GluonLauncher:
+    """A Gluon launch on CUDA tensors: the kernel compiled ahead for the device
+    (:func:`~jax_decode.kernels.gluon_compile.compile_launch`, the same binary the JAX
+    frontend runs), its TMA descriptors built per call from the operands' addresses."""
+
+    def __init__(self, launch: KernelLaunch, device_index: int):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        from jax_decode.kernels.gluon_compile import compile_launch, tma_layout
+
+        major, minor = torch.cuda.get_device_capability(device_index)
+        self.launch = launch
+        self.runner = compile_launch(launch, major * 10 + minor)[launch.grid]
+        self.constexpr_values = tuple(value for _, value in launch.constexprs)
+        self.descriptor = TensorDescriptor
+        self.views = tuple(
+            (view.operand, [view.rows, view.cols], [view.row_stride, 1], list(view.block), tma_layout(view.block))
+            for view in launch.tma
+        )
+
+    def __call__(self, tensors: dict, args: tuple) -> None:
+        """Launch with descriptors over ``tensors`` (by operand name) followed by ``args``."""
+        descriptors = (self.descriptor(tensors[name], *view) for name, *view in self.views)
+        self.runner(*descriptors, *args, *self.constexpr_values)
+
+
+def _aligned(*tensors) -> bool:
+    """Every tensor's address a multiple of 16 bytes (what TMA and the Gluon kernels' pointer
+    specialisation take for granted)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+_DECODE_LAUNCHERS: dict[tuple, tuple[StageLauncher, StageLauncher, GluonLauncher | None]] = {}
 
 
 def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse) -> None:
@@ -124,10 +156,18 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
 
     ``ops`` are torch tensors of the shapes and dtypes ``config`` was made for (scales
     float32 ``[1]``/``[num_kv_heads]`` and sinks float32 ``[num_heads]`` exactly where
-    the config says so), on one device.
+    the config says so), on one device.  ``mid_o``/``mid_lse`` may be None for a
+    ``one_pass`` config (they are allocated if the portable kernels run instead).
+
+    Where the config chooses the Gluon MLA stage 1 it runs if q and the cache are
+    TMA-addressable (row views, 16-byte aligned); otherwise the portable stage 1 takes
+    its place with the same splits.
     """
     if config.problem.batch == 0:
         return
+    if mid_o is None:
+        mid_o = out.new_empty(config.mid_o_shape, dtype=torch.float32)
+        mid_lse = out.new_empty(config.mid_lse_shape, dtype=torch.float32)
     # Keyed on raw stride tuples: cheaper per call than building KernelStrides.
     v = ops.k_cache if config.problem.v_from_k else ops.v_cache
     key = (config, ops.q.stride(), ops.k_cache.stride(), v.stride(), ops.page_table.stride(), mid_o.stride(),
@@ -137,12 +177,23 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
         if len(_DECODE_LAUNCHERS) >= MAX_CACHED_LAUNCHES:
             del _DECODE_LAUNCHERS[next(iter(_DECODE_LAUNCHERS))]  # the oldest
         strides = kernel_strides(ops, config.problem, mid_o, mid_lse, out, lse)
+        gluon = None
+        if config.hopper_mla and config.tma_ready(strides) and ops.q.get_device() >= 0:
+            gluon = GluonLauncher(config.hopper_stage1(strides), ops.q.get_device())
         launchers = _DECODE_LAUNCHERS[key] = (
             StageLauncher(config.stage1(strides)),
             StageLauncher(config.stage2(strides)),
+            gluon,
         )
-    stage1, stage2 = launchers
-    stage1((*operands.stage1_inputs(ops, config.problem), mid_o, mid_lse))
+    stage1, stage2, gluon = launchers
+    if gluon is not None and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, mid_o, mid_lse, out, lse):
+        tensors, inputs = dict(q=ops.q, k_cache=ops.k_cache), operands.hopper_stage1_inputs(ops, config.problem)
+        if config.one_pass:
+            gluon(tensors, (*inputs, out, lse))
+            return
+        gluon(tensors, (*inputs, mid_o, mid_lse))
+    else:
+        stage1((*operands.stage1_inputs(ops, config.problem), mid_o, mid_lse))
     stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
 
 

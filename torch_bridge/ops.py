@@ -26,6 +26,7 @@ import numbers
 
 import torch
 
+from jax_decode.kernels.gluon_compile import hopper_kernels_usable
 from jax_decode.launch import DeviceInfo, LaunchConfig, check_cache_dtype_on_device, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.operands import DecodeOperands
@@ -56,7 +57,8 @@ def _cuda_device_info(index: int) -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)
     if getattr(torch.version, "hip", None):
         return DeviceInfo(vendor="amd", compute_capability=None, num_sms=props.multi_processor_count)
-    return DeviceInfo("nvidia", props.major * 10 + props.minor, props.multi_processor_count)
+    cc = props.major * 10 + props.minor
+    return DeviceInfo("nvidia", cc, props.multi_processor_count, hopper_kernels=cc == 90 and hopper_kernels_usable())
 
 
 def device_info(device: torch.device) -> DeviceInfo:
@@ -275,7 +277,7 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
         out = q.new_empty(p.out_shape)
     if lse is None:
         lse = q.new_empty(out.shape[:-1], dtype=torch.float32)
-    launch_decode(config, ops, *_scratch(q, config), out, lse)
+    launch_decode(config, ops, *((None, None) if config.one_pass else _scratch(q, config)), out, lse)
     return out, lse
 
 

@@ -138,7 +138,18 @@ def _visible_gpu() -> DeviceInfo | None:
     if gpu.platform == "rocm":
         return DeviceInfo(vendor="amd", compute_capability=None, num_sms=int(getattr(gpu, "core_count", 304)))
     major, minor = str(gpu.compute_capability).split(".")
-    return DeviceInfo(vendor="nvidia", compute_capability=int(major) * 10 + int(minor), num_sms=int(gpu.core_count))
+    cc = int(major) * 10 + int(minor)
+    return DeviceInfo(vendor="nvidia", compute_capability=cc, num_sms=int(gpu.core_count),
+                      hopper_kernels=cc == 90 and hopper_kernels_launchable())  # fmt: skip
+
+
+def hopper_kernels_launchable() -> bool:
+    """The Gluon Hopper kernels build here (:func:`hopper_kernels_usable`) and jaxlib's
+    Triton call passes their TMA descriptors."""
+    from jax_decode.backends.gluon_call import jaxlib_tma_missing
+    from jax_decode.kernels.gluon_compile import hopper_kernels_usable
+
+    return hopper_kernels_usable() and jaxlib_tma_missing() is None
 
 
 def target_device() -> DeviceInfo | None:
@@ -147,25 +158,33 @@ def target_device() -> DeviceInfo | None:
 
 
 def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
-    """Stage 1 and stage 2 through triton_call; returns (out, lse)."""
+    """Stage 1 and stage 2 through triton_call (the Gluon MLA stage 1 through
+    :mod:`jax_decode.backends.gluon_call` where the config chooses it: JAX arrays are
+    row-major, so always TMA-addressable); returns (out, lse)."""
     p = config.problem
     strides = config.contiguous_strides()
-    mid_o, mid_lse = triton_call(
-        *operands.stage1_inputs(ops, p),
-        launch=config.stage1(strides),
-        out_types=(
-            jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
-            jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
-        ),
-        device=config.device,
+    mid_types = (
+        jax.ShapeDtypeStruct(config.mid_o_shape, jnp.float32),
+        jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
     )
+    out_types = (jax.ShapeDtypeStruct(p.out_shape, ops.q.dtype), jax.ShapeDtypeStruct(p.lse_shape, jnp.float32))
+    if config.hopper_mla:
+        from jax_decode.backends.gluon_call import gluon_call
+
+        launch = config.hopper_stage1(strides)
+        arrays = dict(q=ops.q, k_cache=ops.k_cache)
+        inputs = (*(arrays[view.operand] for view in launch.tma), *operands.hopper_stage1_inputs(ops, p))
+        if config.one_pass:
+            return tuple(gluon_call(*inputs, launch=launch, out_types=out_types, device=config.device))
+        mid_o, mid_lse = gluon_call(*inputs, launch=launch, out_types=mid_types, device=config.device)
+    else:
+        mid_o, mid_lse = triton_call(
+            *operands.stage1_inputs(ops, p), launch=config.stage1(strides), out_types=mid_types, device=config.device
+        )
     return triton_call(
         *operands.stage2_inputs(ops, mid_o, mid_lse),
         launch=config.stage2(strides),
-        out_types=(
-            jax.ShapeDtypeStruct(p.out_shape, ops.q.dtype),
-            jax.ShapeDtypeStruct(p.lse_shape, jnp.float32),
-        ),
+        out_types=out_types,
         device=config.device,
     )
 

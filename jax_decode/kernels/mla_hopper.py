@@ -17,8 +17,9 @@ warpgroups; grid ``(cdiv(num_heads, 64), batch, num_kv_splits)``):
   ``[64 tokens, 576]`` (one page of 64 tokens, or 64 contiguous tokens of a larger
   page), each stage with its own mbarrier; P ``[64, 64]`` bf16.  72 + 144 + 8 KB
   (229,912 bytes with the barriers: a third stage does not fit).  Block shapes must
-  be powers of two, so Q and K each come through two descriptors: the latent
-  ``[64, 512]`` and the rope part ``[64, 64]`` (over the same rows, row stride 576).
+  be powers of two, so Q and K each come through two descriptors over the same
+  576-wide rows: blocks ``[64, 512]`` at column 0 (the latent) and ``[64, 64]`` at
+  column 512 (the rope part).
 * page ids are read from the page table an iteration before their TMA is issued, so
   no dependent global load sits on the loop's critical path.
 * S = Q K^T by ``warpgroup_mma`` with the warps laid out [4, 2]: warpgroup w computes
@@ -85,9 +86,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 # Triton 3.6 calls the TMA load async_copy_global_to_shared; later versions async_load.
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+# Triton 3.6 calls the CTA barrier thread_barrier; later versions barrier.
+_cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
+# Rope columns start here: every descriptor spans whole 576-wide rows, so one buffer
+# (what JAX's custom call hands a descriptor) serves the latent and the rope part.
+ROPE_COL = gl.constexpr(512)
 
 BLOCK_H = 64  # query heads per program (wgmma M)
 BLOCK_N = 64  # tokens per K tile
@@ -124,7 +130,7 @@ def _wait_tile(k_lat, k_rope, bar, phase, tile_start, end, page_ok, pred, layout
         _zero_invalid_rows(k_lat, tile_start, end, page_ok, layout)
         _zero_invalid_rows(k_rope, tile_start, end, page_ok, layout)
         fence_async_shared()
-        gl.thread_barrier()
+        _cta_barrier()
 
 
 @gluon.jit
@@ -132,7 +138,7 @@ def _load_tile(k_desc, kr_desc, k_lat, k_rope, bar, row, pred):
     """Start the TMA copies of one K tile (latent and rope parts) into one ring stage."""
     mbarrier.expect(bar, k_desc.block_type.nbytes + kr_desc.block_type.nbytes, pred=pred)
     _tma_load(k_desc, [row, 0], bar, k_lat, pred=pred)
-    _tma_load(kr_desc, [row, 0], bar, k_rope, pred=pred)
+    _tma_load(kr_desc, [row, ROPE_COL], bar, k_rope, pred=pred)
 
 
 @gluon.jit
@@ -144,10 +150,10 @@ def _page_of(page_row_ptr, start, tile, num_tiles, num_pages, BLOCK_N: gl.conste
 
 @gluon.jit
 def _mla_stage1_hopper(
-    q_desc,  # TMA over q[..., :512] viewed as [batch * num_heads, 512], block [64, 512]
-    qr_desc,  # TMA over q[..., 512:] viewed as [batch * num_heads, 64], block [64, 64]
-    k_desc,  # TMA over the cache's latent [num_pages * page_size, 512] (row stride 576), block [64, 512]
-    kr_desc,  # TMA over the cache's rope part [num_pages * page_size, 64] (row stride 576), block [64, 64]
+    q_desc,  # TMA over q viewed as [batch * num_heads, 576], block [64, 512] (the latent)
+    qr_desc,  # TMA over the same rows, block [64, 64] read at column 512 (the rope part)
+    k_desc,  # TMA over the cache viewed as [num_pages * page_size, 576] (row stride: the slot's), block [64, 512]
+    kr_desc,  # TMA over the same rows, block [64, 64] read at column 512
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
@@ -216,7 +222,7 @@ def _mla_stage1_hopper(
     q_row = (batch_idx * NUM_HEADS).to(gl.int32) + head_block * BLOCK_H
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
     _tma_load(q_desc, [q_row, 0], q_bar, q_lat)
-    _tma_load(qr_desc, [q_row, 0], q_bar, q_rope)
+    _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_rope)
     # Page ids are read one iteration before their TMA is issued (and validity two
     # before it masks), so no page-table load sits on the loop's critical path.
     row0, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
@@ -275,7 +281,7 @@ def _mla_stage1_hopper(
 
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
-        gl.thread_barrier()
+        _cta_barrier()
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         acc = warpgroup_mma(p_smem, k_lat.index(stage), acc, is_async=True)
         if PIPELINE:
@@ -298,7 +304,7 @@ def _mla_stage1_hopper(
         else:
             acc = warpgroup_mma_wait(0, deps=(acc,))
         # Both warpgroups are done with this stage (and with P) before it is refilled.
-        gl.thread_barrier()
+        _cta_barrier()
         _load_tile(
             k_desc, kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), row_pf, i + 2 < num_tiles
         )
@@ -444,13 +450,13 @@ def _seesaw_partition(
                 _zero_invalid_rows(k_r.index(0), ts0, end, ok0, zero_layout)
                 _zero_invalid_rows(k_e.index(0), ts0, end, ok0, zero_layout)
                 fence_async_shared()
-                gl.thread_barrier()
+                _cta_barrier()
             s = _seesaw_scores(q_l, q_r, q_e, k_l.index(0), k_r.index(0), k_e.index(0), s_zero)
             valid = ((ts0 + offs_n) < end) & ok0
             s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
             m0 = gl.maximum(m_i, gl.max(s, 1))
             s_m0.store(m0)
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(bar_m0)
             ms0 = _safe(m0)
             sc0 = gl.exp2(m_i - ms0)
@@ -472,7 +478,7 @@ def _seesaw_partition(
             m_i = m1
             k_e.index(0).store(p.to(gl.bfloat16))
             fence_async_shared()
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(bar_p0)
             # ---- P1 V1_L
             acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
@@ -480,7 +486,7 @@ def _seesaw_partition(
             if has_t1:
                 acc = warpgroup_mma(k_e.index(1), k_l.index(1), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))
-            gl.thread_barrier()
+            _cta_barrier()
             _load_half(k_desc, k_l.index(1), full.index(3), row1n, 0, has_t1n)
             _load_rope(kr_desc, k_e.index(1), full.index(5), row1n, has_t1n)
         else:
@@ -494,7 +500,7 @@ def _seesaw_partition(
                 _zero_invalid_rows(k_r.index(1), ts1, end, ok1, zero_layout)
                 _zero_invalid_rows(k_e.index(1), ts1, end, ok1, zero_layout)
                 fence_async_shared()
-                gl.thread_barrier()
+                _cta_barrier()
             s = s_zero
             if has_t1:
                 s = _seesaw_scores(q_l, q_r, q_e, k_l.index(1), k_r.index(1), k_e.index(1), s_zero)
@@ -506,7 +512,7 @@ def _seesaw_partition(
             sc0 = gl.exp2(m_i - ms0)
             m1 = gl.maximum(m0, gl.max(s, 1))
             s_m1.store(m1)
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(bar_m1)
             ms1 = _safe(m1)
             sc1 = gl.exp2(m0 - ms1)
@@ -515,26 +521,26 @@ def _seesaw_partition(
             m_i = m1
             k_e.index(1).store(p.to(gl.bfloat16))
             fence_async_shared()
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(bar_p1)
             acc = acc * gl.convert_layout(sc0 * sc1, o_rows)[:, None]
             if has_t1:
                 p_op = gl.convert_layout(p.to(gl.bfloat16), a_layout)
                 acc = warpgroup_mma(p_op, k_r.index(1), acc, is_async=True)
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            gl.thread_barrier()
+            _cta_barrier()
             _load_half(k_desc, k_r.index(1), full.index(4), row1n, HALF, has_t1n)
             # ---- P0 V0_R
             mbarrier.wait(bar_p0, phase)
             acc = warpgroup_mma(k_e.index(0), k_r.index(0), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            gl.thread_barrier()
+            _cta_barrier()
             _load_half(k_desc, k_r.index(0), full.index(1), row0n, HALF, has_t0n)
             _load_rope(kr_desc, k_e.index(0), full.index(2), row0n, has_t0n)
 
     # Row sums: each warpgroup summed its own tiles' P (on the same running max).
     s_l.slice(WG * BLOCK_H, BLOCK_H).store(l_i)
-    gl.thread_barrier()
+    _cta_barrier()
     mbarrier.arrive(bar_fin)
     mbarrier.wait(bar_fin, 0)
     l_tot = s_l.slice(0, BLOCK_H).load(rows) + s_l.slice(BLOCK_H, BLOCK_H).load(rows)
@@ -562,7 +568,7 @@ def _load_half(k_desc, dst, bar, row, col: gl.constexpr, pred):
 @gluon.jit
 def _load_rope(kr_desc, dst, bar, row, pred):
     mbarrier.expect(bar, kr_desc.block_type.nbytes, pred=pred)
-    _tma_load(kr_desc, [row, 0], bar, dst, pred=pred)
+    _tma_load(kr_desc, [row, ROPE_COL], bar, dst, pred=pred)
 
 
 @gluon.jit
@@ -588,10 +594,10 @@ def _seesaw_call(args, WG: gl.constexpr):
 
 @gluon.jit
 def _mla_stage1_hopper_seesaw(
-    q_desc,  # TMA over q[..., :512] viewed as [batch * num_heads, 512], block [64, 256]
-    qr_desc,  # TMA over q[..., 512:] viewed as [batch * num_heads, 64], block [64, 64]
-    k_desc,  # TMA over the cache's latent [num_pages * page_size, 512] (row stride 576), block [64, 256]
-    kr_desc,  # TMA over the cache's rope part [num_pages * page_size, 64] (row stride 576), block [64, 64]
+    q_desc,  # as _mla_stage1_hopper's, block [64, 256] (latent halves)
+    qr_desc,  # as _mla_stage1_hopper's
+    k_desc,  # as _mla_stage1_hopper's, block [64, 256]
+    kr_desc,  # as _mla_stage1_hopper's
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
@@ -658,7 +664,7 @@ def _mla_stage1_hopper_seesaw(
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
     _tma_load(q_desc, [q_row, 0], q_bar, q_l)
     _tma_load(q_desc, [q_row, 256], q_bar, q_r)
-    _tma_load(qr_desc, [q_row, 0], q_bar, q_e)
+    _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_e)
     row0, _ = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     row1, _ = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     has0 = 0 < num_tiles

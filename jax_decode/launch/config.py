@@ -10,7 +10,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from jax_decode.launch.problem import FP8_FORMATS, NO_FP8, SCALE_NONE, DecodeProblem, DeviceInfo, next_power_of_2
+from jax_decode.launch.problem import (
+    FP8_FORMATS,
+    NO_FP8,
+    SCALE_NONE,
+    DecodeProblem,
+    DeviceInfo,
+    cdiv,
+    next_power_of_2,
+)
+
+# Query heads per program of the Gluon MLA stage 1 (one warpgroup MMA's rows), and
+# tokens per K tile.
+HOPPER_MLA_ROWS = 64
+HOPPER_MLA_TILE = 64
+_POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 Variant = Literal["mha", "grouped"]
 
@@ -57,14 +71,33 @@ class KernelStrides:
 
 
 @dataclasses.dataclass(frozen=True)
+class TmaView:
+    """A TMA descriptor argument of a Gluon kernel: ``rows`` x ``cols`` elements of one
+    operand (row stride ``row_stride``, last dimension contiguous), read in ``block``s."""
+
+    operand: str  # "q" or "k_cache"
+    rows: int
+    cols: int
+    row_stride: int
+    block: tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelLaunch:
-    """One kernel launch: which kernel, on which grid, with which compile options."""
+    """One kernel launch: which kernel, on which grid, with which compile options.
+
+    A Gluon kernel (compiled ahead of its launch by :mod:`jax_decode.kernels.gluon_compile`,
+    not specialised by Triton's JIT) also names the types of its runtime parameters
+    (``"tma"`` for a descriptor, the i-th taking ``tma[i]``; ``"*bf16"``-style pointers,
+    16-byte aligned; ``"i32"``)."""
 
     kernel_name: str  # a key of jax_decode.kernels.KERNELS
     grid: tuple[int, int, int]
     num_warps: int
     num_stages: int
     constexprs: tuple[tuple[str, object], ...]
+    param_types: tuple[tuple[str, str], ...] = ()  # Gluon: (name, type) of each runtime parameter
+    tma: tuple[TmaView, ...] = ()  # Gluon: the descriptor parameters, in order
 
     def meta(self) -> dict[str, object]:
         return dict(self.constexprs)
@@ -87,6 +120,10 @@ class LaunchConfig:
     num_stages: int
     num_kv_splits: int  # splits in stage 1's grid
     stage2_num_warps: int
+    # Stage 1 is the Gluon sm_90 MLA kernel (jax_decode.kernels.mla_hopper) wherever the
+    # operands allow its TMA copies (see tma_ready); the fields above then describe the
+    # portable kernel that takes its place elsewhere, with the same splits and scratch.
+    hopper_mla: bool = False
 
     @property
     def stage1_grid(self) -> tuple[int, int, int]:
@@ -183,6 +220,67 @@ class LaunchConfig:
             ROUND_BY_BITS=self.device.vendor == "cpu",
         )
         return KernelLaunch("stage2", self.stage2_grid, self.stage2_num_warps, 1, tuple(meta.items()))
+
+    @property
+    def one_pass(self) -> bool:
+        """The Gluon stage 1 with one split writes ``out`` and ``lse`` itself (its merge of
+        one split is the identity): stage 2 is not launched."""
+        return self.hopper_mla and self.num_kv_splits == 1
+
+    def tma_ready(self, strides: KernelStrides) -> bool:
+        """Whether q and the cache are row views a TMA descriptor can address: q's rows
+        (batch, head) and the cache's rows (page, slot) each one row stride apart, every
+        row stride a multiple of 16 bytes.  (Base addresses must be 16-byte aligned too;
+        JAX's always are, torch's launcher checks.)"""
+        p = self.problem
+        return (
+            strides.q[0] == p.num_heads * strides.q[1]
+            and strides.k[0] == p.page_size * strides.k[1]
+            and strides.q[1] % 8 == 0
+            and strides.k[1] % 8 == 0
+        )
+
+    def hopper_stage1(self, strides: KernelStrides) -> KernelLaunch:
+        """The Gluon MLA stage 1 (``hopper_mla`` configs, operands ``tma_ready``): one program
+        per 64 query heads x split x batch row, writing stage 2's mid_o / mid_lse, or with
+        one split ``out`` and ``lse`` themselves."""
+        assert self.hopper_mla and self.tma_ready(strides)
+        p = self.problem
+        if self.one_pass:
+            mid_o, mid_lse, out_type = (*strides.out, 0), (*strides.lse, 0), _POINTER[p.dtype]
+        else:
+            mid_o, mid_lse, out_type = strides.mid_o, strides.mid_lse, "*fp32"
+        latent, rope = (HOPPER_MLA_ROWS, p.head_dim_v), (HOPPER_MLA_ROWS, p.head_dim_qk - p.head_dim_v)
+        q_rows, k_rows = p.batch * p.num_heads, p.num_pages * p.page_size
+        tma = (
+            TmaView("q", q_rows, p.head_dim_qk, strides.q[1], latent),
+            TmaView("q", q_rows, p.head_dim_qk, strides.q[1], rope),
+            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], latent),
+            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], rope),
+        )
+        meta = dict(
+            STRIDE_PTB=strides.page_table,
+            STRIDE_MOB=mid_o[0],
+            STRIDE_MOH=mid_o[1],
+            STRIDE_MOS=mid_o[2],
+            STRIDE_MLB=mid_lse[0],
+            STRIDE_MLH=mid_lse[1],
+            STRIDE_MLS=mid_lse[2],
+            SM_SCALE=float(p.sm_scale),
+            NUM_HEADS=p.num_heads,
+            PAGE_SIZE=p.page_size,
+            CAPACITY=p.capacity,
+            NUM_KV_SPLITS=self.num_kv_splits,
+            NUM_STAGES=2,
+            PIPELINE=1,
+        )
+        params = (
+            ("q_desc", "tma"), ("qr_desc", "tma"), ("k_desc", "tma"), ("kr_desc", "tma"),
+            ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("num_pages", "i32"),
+            ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
+        )  # fmt: skip
+        grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
+        return KernelLaunch("mla_hopper", grid, 8, 1, tuple(meta.items()), params, tma)
 
     @property
     def reuse_k_as_v(self) -> bool:

@@ -9,9 +9,17 @@ from __future__ import annotations
 import math
 import operator
 
-from jax_decode.launch.config import LaunchConfig, Variant
+from jax_decode.launch.config import HOPPER_MLA_ROWS, HOPPER_MLA_TILE, LaunchConfig, Variant
 from jax_decode.launch.cost import ProgramShape, long_tail_time, programs_per_sm, uniform_time
-from jax_decode.launch.problem import DecodeProblem, DeviceInfo, cdiv, itemsize, next_power_of_2, prev_power_of_2
+from jax_decode.launch.problem import (
+    SCALE_NONE,
+    DecodeProblem,
+    DeviceInfo,
+    cdiv,
+    itemsize,
+    next_power_of_2,
+    prev_power_of_2,
+)
 
 # Upper bound for automatically chosen splits: stage 2 reads every split, and more
 # splits than this never pays for itself on current GPUs.
@@ -136,6 +144,40 @@ def _tensor_core_blocks(p: DecodeProblem, device: DeviceInfo) -> bool:
     )
 
 
+def _hopper_mla(p: DecodeProblem, device: DeviceInfo) -> bool:
+    """What the Gluon sm_90 MLA stage 1 computes: one latent KV head of 576 = 512 + 64
+    with V its first 512 columns, bfloat16 throughout, one query token, no soft-cap,
+    window or sinks, pages of whole 64-token tiles, and TMA's 32-bit row coordinates."""
+    return (
+        device.hopper_kernels
+        and device.vendor == "nvidia"
+        and device.compute_capability == 90
+        and p.v_from_k
+        and p.num_kv_heads == 1
+        and (p.head_dim_qk, p.head_dim_v) == (576, 512)
+        and p.dtype == p.cache_dtype == "bfloat16"
+        and p.k_scale == p.v_scale == SCALE_NONE
+        and p.q_len == 1
+        and p.logit_cap == 0
+        and p.window_left < 0
+        and not p.has_sinks
+        and p.page_size % HOPPER_MLA_TILE == 0
+        and 0 < p.num_pages * p.page_size <= 2**31 - 1
+    )
+
+
+def hopper_mla_splits(p: DecodeProblem, device: DeviceInfo) -> int:
+    """Splits of the Gluon MLA stage 1: one wave.  A program fills an SM's registers and
+    shared memory, so the grid (head blocks x batch x splits) is kept to one program per
+    SM, with at least MIN_BLOCKS_PER_SPLIT 64-token tiles a split; the largest such of
+    SPLIT_CHOICES.  (On the H200 this is the measured best split count of DeepSeek-V3's
+    b1 ctx32k, b8 ctx16k, b64 ctx4k and b128 ctx1k at 128 heads and of b64 ctx4k at 16.)"""
+    programs_per_split = cdiv(p.num_heads, HOPPER_MLA_ROWS) * max(p.batch, 1)
+    tiles = cdiv(max(p.max_attended, 1), HOPPER_MLA_TILE)
+    most = min(MAX_AUTO_KV_SPLITS, device.num_sms // programs_per_split, tiles // MIN_BLOCKS_PER_SPLIT)
+    return max(s for s in SPLIT_CHOICES if s <= max(1, most))
+
+
 def _wide_heads(block_dmodel: int, block_dpe: int) -> bool:
     """K heads of WIDE_HEAD_DIM or more (MQA d256, MLA's 576): 3 stages."""
     return block_dmodel + block_dpe >= WIDE_HEAD_DIM
@@ -219,7 +261,10 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         # per program only add issue slots the memory system cannot feed.
         num_warps = 4
 
-    if num_kv_splits is None:
+    hopper_mla = _hopper_mla(p, device)
+    if num_kv_splits is None and hopper_mla:
+        num_kv_splits = hopper_mla_splits(p, device)
+    elif num_kv_splits is None:
         program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
         num_kv_splits = choose_splits(p, device, program, p.num_kv_heads * head_blocks, block_n)
 
@@ -237,6 +282,7 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         num_stages=num_stages,
         num_kv_splits=num_kv_splits,
         stage2_num_warps=4 if block_dv >= 256 else 2,
+        hopper_mla=hopper_mla,
     )
 
 

@@ -52,12 +52,16 @@ class DeviceInfo:
 
     ``vendor`` is ``"nvidia"``, ``"amd"`` or ``"cpu"`` (Triton's interpreter);
     ``compute_capability`` is e.g. 90 for sm_90 (None on the CPU); ``num_sms`` is the
-    number of streaming multiprocessors (compute units; CPU cores for the interpreter).
+    number of streaming multiprocessors (compute units; CPU cores for the interpreter);
+    ``hopper_kernels``: the frontend can launch the Gluon sm_90 kernels here (this
+    Triton has Gluon's Hopper API and, for JAX, jaxlib passes TMA descriptors), so the
+    planner may choose them.
     """
 
     vendor: Literal["nvidia", "amd", "cpu"]
     compute_capability: int | None
     num_sms: int
+    hopper_kernels: bool = False
 
     @classmethod
     def interpreter(cls) -> DeviceInfo:
