@@ -67,10 +67,23 @@ def stage1_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
     )
 
 
-def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
+def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=None) -> tuple:
     """The Gluon MLA stage 1's inputs after its TMA descriptors (which ``launch.tma``
-    builds over ``ops.q`` and ``ops.k_cache``); its two outputs follow."""
-    return (ops.page_table, ops.seq_lens, problem.num_pages)
+    builds over ``ops.q`` and ``ops.k_cache``); its two outputs follow.  ``schedule``:
+    the device-side schedule's (for a config with ``schedule_programs``)."""
+    if schedule is None:
+        return (ops.page_table, ops.seq_lens, problem.num_pages)
+    return (ops.page_table, ops.seq_lens, schedule, problem.num_pages, problem.batch)
+
+
+def schedule_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
+    """The device-side schedule kernel's inputs (the int32 schedule follows)."""
+    return (ops.seq_lens, problem.batch)
+
+
+def schedule_merge_inputs(ops: DecodeOperands, mid_o, mid_lse, schedule) -> tuple:
+    """The scheduled chunks' merge's inputs (``out`` and ``lse`` follow)."""
+    return (mid_o, mid_lse, schedule, ops.seq_lens)
 
 
 def stage2_inputs(ops: DecodeOperands, mid_o, mid_lse) -> tuple:

@@ -183,8 +183,9 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
     torch.cuda.synchronize()
     from torch_bridge.launcher import _DECODE_LAUNCHERS
 
-    gluon = [key[0] for key, launchers in _DECODE_LAUNCHERS.items() if launchers[2] is not None]
+    gluon = [run.config for run in _DECODE_LAUNCHERS.values() if run.gluon is not None]
     assert any(c.problem.num_heads == num_heads and c.problem.page_size == page_size for c in gluon), "Gluon ran"
+    assert not any(c.schedule_programs for c in gluon), "the frontends plan fixed splits"
 
     rows = list(range(len(LENGTHS)))
     host = problem.host_rows(rows)
@@ -196,6 +197,50 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
         pytest.skip("jaxlib passes no TMA descriptors here: JAX runs the portable kernels")
     arrays = [torch_bridge.to_jax(a) for a in (q, k_cache, page_table, seq_lens)]
     step = jax.jit(lambda q, k, pt, sl: jax_decode.decode_attention(q, k, None, pt, sl, return_lse=True, **options))
+    jax_out, jax_lse = step(*arrays)
+    np.testing.assert_array_equal(np.asarray(jax_out.view(jax.numpy.uint16)), out.view(torch.int16).cpu().numpy()
+                                  .view(np.uint16))  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(jax_lse), lse.cpu().numpy())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads", [128, 16])
+def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
+    """The Gluon stage 1 under the device-side schedule (its schedule kernel, chunks and
+    merge), launched by both frontends' launchers with one config: against the float64
+    oracle on long-tailed lengths, and bit-identical to each other."""
+    torch = _needs_hopper_path()
+    import jax
+    import numpy as np
+    from support import assert_matches_oracle
+
+    import torch_bridge
+    from jax_decode.backends import triton as triton_backend
+    from jax_decode.launch import make_launch_config
+    from jax_decode.operands import DecodeOperands
+    from torch_bridge.launcher import _DECODE_LAUNCHERS, launch_decode
+    from torch_bridge.ops import device_info
+
+    problem = _hopper_mla_problem(64, num_heads)
+    q, k_cache, _, page_table, seq_lens = problem.arrays
+    mla = _mla(batch=len(LENGTHS), num_heads=num_heads, max_pages=page_table.shape[1], num_pages=k_cache.shape[0])
+    config = make_launch_config(mla, device_info(q.device), device_schedule=True)
+    assert config.schedule_programs > 0
+    out = torch.empty(mla.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(mla.lse_shape, dtype=torch.float32, device=q.device)
+    launch_decode(config, DecodeOperands(q, k_cache, None, page_table, seq_lens), None, None, out, lse)
+    torch.cuda.synchronize()
+    assert any(run.config == config and run.schedule is not None for run in _DECODE_LAUNCHERS.values())
+    host = problem.host_rows(list(range(len(LENGTHS))))
+    assert_matches_oracle(host, out.float().cpu().numpy().astype(np.float64),
+                          lse.cpu().numpy().astype(np.float64), mla=True)  # fmt: skip
+
+    from jax_decode.backends.triton import hopper_kernels_launchable
+
+    if not hopper_kernels_launchable():
+        pytest.skip("jaxlib passes no TMA descriptors here")
+    arrays = [torch_bridge.to_jax(a) for a in (q, k_cache, page_table, seq_lens)]
+    step = jax.jit(lambda q, k, pt, sl: triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config))
     jax_out, jax_lse = step(*arrays)
     np.testing.assert_array_equal(np.asarray(jax_out.view(jax.numpy.uint16)), out.view(torch.int16).cpu().numpy()
                                   .view(np.uint16))  # fmt: skip
@@ -241,10 +286,11 @@ def _mla(batch=64, num_heads=128, page_size=64, max_pages=64, **changes):
     return DecodeProblem(**fields)
 
 
-def _plan(problem, hopper_kernels=True, num_kv_splits=None, **device):
+def _plan(problem, hopper_kernels=True, num_kv_splits=None, device_schedule=True, **device):
     from jax_decode.launch import DeviceInfo, make_launch_config
 
-    return make_launch_config(problem, DeviceInfo(**{**H200, **device}, hopper_kernels=hopper_kernels), num_kv_splits)
+    device = DeviceInfo(**{**H200, **device}, hopper_kernels=hopper_kernels)
+    return make_launch_config(problem, device, num_kv_splits, device_schedule=device_schedule)
 
 
 def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
@@ -270,17 +316,53 @@ def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
 
 
 @pytest.mark.parametrize(
-    "batch, num_heads, max_pages, splits",
+    "batch, num_heads, max_pages, best",
     # The measured best split counts of the H200 rows (docs/mla_hopper_h200.json; 66 -> 64).
     [(1, 128, 512, 64), (8, 128, 256, 8), (64, 128, 64, 1), (128, 128, 16, 1), (64, 16, 64, 2)],
 )
-def test_gluon_splits_fill_one_wave(batch, num_heads, max_pages, splits):
-    config = _plan(_mla(batch=batch, num_heads=num_heads, max_pages=max_pages))
-    assert config.num_kv_splits == splits
+def test_gluon_splits_hedge_around_the_measured_best(batch, num_heads, max_pages, best):
+    """The cost model's best for a uniform batch is the measured best split count; the
+    planner takes the hedge between that and a long-tailed batch, never fewer splits."""
+    import dataclasses
+
+    from jax_decode.launch.cost import programs_per_sm, uniform_time
+    from jax_decode.launch.planner import SPLIT_CHOICES, choose_splits, hopper_mla_program
+
+    problem = _mla(batch=batch, num_heads=num_heads, max_pages=max_pages)
+    program, head_blocks = hopper_mla_program(problem), math.ceil(num_heads / 64)
+    per_sm = programs_per_sm(program, 232448)
+    assert per_sm == 1
+    ctx = max_pages * 64
+    uniform = {s: uniform_time(program, head_blocks, batch, ctx, s, 132, per_sm) for s in SPLIT_CHOICES}
+    assert min(uniform, key=uniform.get) == best
+    config = _plan(problem)
+    device = config.device
+    assert config.num_kv_splits == choose_splits(problem, device, program, head_blocks, 64) >= best
+    if batch == 1:
+        assert config.num_kv_splits == best
+
+    assert not _plan(problem, device_schedule=False).schedule_programs
+    # Several rows: the device-side schedule, one wave of programs; the fixed splits
+    # remain what the portable stand-in (and a batch of one row) runs.
+    assert config.schedule_programs == (0 if batch == 1 else 132 // head_blocks)
+    if config.schedule_programs:
+        launch = config.hopper_stage1(config.contiguous_strides())
+        assert launch.grid == (head_blocks, 132 // head_blocks, 1)
+        assert config.mid_o_shape == (batch + 132 // head_blocks, num_heads, 512)
+        config = dataclasses.replace(config, schedule_programs=0)
+    splits = config.num_kv_splits
     assert config.one_pass == (splits == 1)
     launch = config.hopper_stage1(config.contiguous_strides())
-    assert launch.grid == (math.ceil(num_heads / 64), batch, splits)
+    assert launch.grid == (head_blocks, batch, splits)
     assert [view.operand for view in launch.tma] == ["q", "q", "k_cache", "k_cache"]
+
+
+def test_schedule_stays_within_int32_positions():
+    # batch * (chunk cost + tiles of the capacity) must stay below 2**31.
+    fits = _plan(_mla(batch=4096, num_heads=16, max_pages=2**13, num_pages=1000))
+    assert fits.hopper_mla and fits.schedule_programs
+    too_many = _plan(_mla(batch=4096, num_heads=16, max_pages=2**19, num_pages=1000))
+    assert too_many.hopper_mla and not too_many.schedule_programs
 
 
 def test_tma_ready_needs_row_views():
@@ -302,6 +384,9 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits) -> None:
     kernel = compile_launch(config.hopper_stage1(config.contiguous_strides()), 90)
     ptx = kernel.asm["ptx"]
     assert kernel.metadata.shared <= SM90_SHARED_LIMIT, kernel.metadata.shared
+    from jax_decode.launch.planner import HOPPER_MLA_SHARED
+
+    assert kernel.metadata.shared == HOPPER_MLA_SHARED, "the planner's cost model must know the program"
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert ".local" not in ptx, "nothing may live in local memory"
     assert len(kernel.metadata.tensordesc_meta) == 4
@@ -309,7 +394,8 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits) -> None:
 
 @pytest.mark.parametrize(
     "batch, num_heads, page_size, num_kv_splits",
-    [(4, 128, 64, 1), (3, 16, 128, 3)],  # one pass (bf16 out), and splits into float32 scratch
+    # one pass (bf16 out), splits into float32 scratch, and the device-side schedule
+    [(4, 128, 64, 1), (3, 16, 128, 3), (5, 128, 64, None)],
 )
 def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_splits):
     missing = _gluon_hopper_missing()
@@ -319,10 +405,13 @@ def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_sp
 
 
 def _check_jax_lowering(num_kv_splits) -> None:
+    """``num_kv_splits``: 1 or 2 (fixed), or "device" (the device-side schedule)."""
     import jax
     import jax.numpy as jnp
 
     import jax_decode
+    from jax_decode.backends import triton as triton_backend
+    from jax_decode.operands import DecodeOperands
 
     batch, num_heads, num_pages, page_size, max_pages = 4, 128, 16, 64, 4
     sds = jax.ShapeDtypeStruct
@@ -338,16 +427,25 @@ def _check_jax_lowering(num_kv_splits) -> None:
             q, k, None, pt, sl, head_dim_v=512, num_kv_splits=num_kv_splits, return_lse=True, backend="triton"
         )
 
+    if num_kv_splits == "device":
+        config = _plan(_mla(batch=batch, num_heads=num_heads, max_pages=max_pages, num_pages=num_pages))
+        assert config.schedule_programs
+
+        def step(q, k, pt, sl):  # noqa: F811 - the frontends do not plan the schedule yet
+            return triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config)
+
     with jax_decode.compile_target(jax_decode.DeviceInfo(**H200, hopper_kernels=True)):
         text = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if "custom_call @triton_kernel_call" in line]
     # The Gluon stage 1 takes q and the cache twice (latent and rope descriptors); one
-    # split writes out and lse itself, more are merged by stage 2.
-    assert len(calls) == (1 if num_kv_splits == 1 else 2), calls
-    assert "(%arg0, %arg0, %arg1, %arg1, %arg2, %arg3)" in calls[0], calls[0]
+    # split writes out and lse itself, more are merged by stage 2; the device-side
+    # schedule adds its schedule kernel before stage 1 and merges with its own kernel.
+    assert len(calls) == {1: 1, 2: 2, "device": 3}[num_kv_splits], calls
+    gluon = calls[1] if num_kv_splits == "device" else calls[0]
+    assert "(%arg0, %arg0, %arg1, %arg1, %arg2, %arg3" in gluon, gluon
 
 
-@pytest.mark.parametrize("num_kv_splits", [1, 2])
+@pytest.mark.parametrize("num_kv_splits", [1, 2, "device"])
 def test_jax_lowers_the_gluon_stage1_for_sm90(num_kv_splits):
     from jax_decode.backends.gluon_call import jaxlib_tma_missing
     from jax_decode.backends.triton import jax_triton_import_error

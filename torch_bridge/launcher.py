@@ -16,7 +16,9 @@ on the device.  The constexprs, warps and stages are fixed per :class:`StageLaun
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 
 import torch
 
@@ -91,10 +93,11 @@ class StageLauncher:
             self.runners[key] = compiled[self.launch.grid]
 
 
-def kernel_strides(ops: operands.DecodeOperands, problem, mid_o, mid_lse, out, lse) -> KernelStrides:
+def kernel_strides(ops: operands.DecodeOperands, problem, mid_o, mid_lse, out, lse, mid=None) -> KernelStrides:
     """KernelStrides of torch tensors (their last dimensions must be contiguous); with
     several query tokens per row each of q, mid_o, mid_lse, out and lse has the token
-    axis after the batch."""
+    axis after the batch.  ``mid``: KernelStrides whose mid_o/mid_lse (and their token
+    strides) stand in for absent ``mid_o``/``mid_lse``."""
 
     def strides(tensor, kept: int, token_axis: bool) -> tuple[int, ...]:
         """Strides of the leading ``kept`` dimensions other than the token axis."""
@@ -102,17 +105,22 @@ def kernel_strides(ops: operands.DecodeOperands, problem, mid_o, mid_lse, out, l
         return (stride[0], *stride[2 : kept + 1]) if token_axis else stride[:kept]
 
     v = ops.k_cache if problem.v_from_k else ops.v_cache
-    rows, mid = problem.token_axis, problem.q_len > 1  # which arrays have the token axis
+    rows, several = problem.token_axis, problem.q_len > 1  # which arrays have the token axis
+    tokens = tuple(a.stride(1) for a in (ops.q, out, lse)) if several else (0, 0, 0)
+    if mid is None:
+        mid_tokens = (mid_o.stride(1), mid_lse.stride(1)) if several else (0, 0)
+        mid = KernelStrides(None, None, None, None, strides(mid_o, 3, several), strides(mid_lse, 3, several), None,
+                            None, (0, *mid_tokens, 0, 0))  # fmt: skip
     return KernelStrides(
         q=strides(ops.q, 2, rows),
         k=ops.k_cache.stride()[:3],
         v=v.stride()[:3],
         page_table=ops.page_table.stride(0),
-        mid_o=strides(mid_o, 3, mid),
-        mid_lse=strides(mid_lse, 3, mid),
+        mid_o=mid.mid_o,
+        mid_lse=mid.mid_lse,
         out=strides(out, 2, rows),
         lse=strides(lse, 2, rows),
-        tokens=tuple(a.stride(1) for a in (ops.q, mid_o, mid_lse, out, lse)) if mid else (0, 0, 0, 0, 0),
+        tokens=(tokens[0], mid.tokens[1], mid.tokens[2], tokens[1], tokens[2]),
     )
 
 
@@ -148,53 +156,100 @@ def _aligned(*tensors) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
-_DECODE_LAUNCHERS: dict[tuple, tuple[StageLauncher, StageLauncher, GluonLauncher | None]] = {}
+@functools.lru_cache(maxsize=4096)
+def _scratch_layout(config: LaunchConfig) -> tuple:
+    """(elements, mid_o's elements, mid_o's shape, mid_lse's shape) of ``config``'s scratch."""
+    mid_o_size = math.prod(config.mid_o_shape)
+    return mid_o_size + math.prod(config.mid_lse_shape), mid_o_size, config.mid_o_shape, config.mid_lse_shape
+
+
+def scratch(config: LaunchConfig, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's partial results for ``config`` on ``like``'s device: (mid_o, mid_lse),
+    contiguous views of one float32 buffer."""
+    size, mid_o_size, mid_o_shape, mid_lse_shape = _scratch_layout(config)
+    buffer = like.new_empty((size,), dtype=torch.float32)
+    return buffer[:mid_o_size].view(mid_o_shape), buffer[mid_o_size:].view(mid_lse_shape)
+
+
+class DecodeRun:
+    """The launches of one (config, operand strides): the portable stages, and where the
+    config chooses them and the operands allow their TMA copies, the Gluon stage 1 with
+    its device-side schedule and merge."""
+
+    def __init__(self, config: LaunchConfig, strides: KernelStrides, device_index: int):
+        self.config = config
+        # The fixed-split config: what runs where the Gluon kernel cannot.
+        self.fixed = dataclasses.replace(config, schedule_programs=0) if config.schedule_programs else config
+        self.stage1 = StageLauncher(self.fixed.stage1(strides))
+        self.stage2 = StageLauncher(self.fixed.stage2(strides))
+        self.gluon = self.schedule = self.merge = None
+        if config.hopper_mla and device_index >= 0 and config.tma_ready(strides):
+            self.gluon = GluonLauncher(config.hopper_stage1(strides), device_index)
+            if config.schedule_programs:
+                self.schedule = StageLauncher(config.schedule())
+                self.merge = StageLauncher(config.schedule_merge(strides))
+
+    def __call__(self, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse) -> None:
+        config, p = self.config, self.config.problem
+        if self.gluon is not None and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse):
+            tensors = dict(q=ops.q, k_cache=ops.k_cache)
+            if self.schedule is not None:
+                schedule = out.new_empty(config.schedule_shape, dtype=torch.int32)
+                self.schedule((*operands.schedule_inputs(ops, p), schedule))
+                mid_o, mid_lse = scratch(config, out)
+                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule), mid_o, mid_lse))
+                self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule), out, lse))
+                return
+            if config.one_pass:
+                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), out, lse))
+                return
+            if mid_o is None:
+                mid_o, mid_lse = scratch(self.fixed, out)
+            if _aligned(mid_o, mid_lse):
+                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), mid_o, mid_lse))
+                self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
+                return
+        if mid_o is None:
+            mid_o, mid_lse = scratch(self.fixed, out)
+        self.stage1((*operands.stage1_inputs(ops, p), mid_o, mid_lse))
+        self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
+
+
+_DECODE_LAUNCHERS: dict[tuple, DecodeRun] = {}
 
 
 def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse) -> None:
-    """Run stage 1 and stage 2, writing ``out`` and ``lse`` (and the scratch) in place.
+    """Run the decode, writing ``out`` and ``lse`` in place.
 
     ``ops`` are torch tensors of the shapes and dtypes ``config`` was made for (scales
     float32 ``[1]``/``[num_kv_heads]`` and sinks float32 ``[num_heads]`` exactly where
-    the config says so), on one device.  ``mid_o``/``mid_lse`` may be None for a
-    ``one_pass`` config (they are allocated if the portable kernels run instead).
+    the config says so), on one device.  ``mid_o``/``mid_lse``: the fixed splits'
+    scratch (the vLLM drop-in's ``attn_logits``), or None for scratch allocated here as
+    the launch needs it.
 
     Where the config chooses the Gluon MLA stage 1 it runs if q and the cache are
     TMA-addressable (row views, 16-byte aligned); otherwise the portable stage 1 takes
-    its place with the same splits.
+    its place with the config's fixed splits.
     """
     if config.problem.batch == 0:
         return
-    if mid_o is None:
-        mid_o = out.new_empty(config.mid_o_shape, dtype=torch.float32)
-        mid_lse = out.new_empty(config.mid_lse_shape, dtype=torch.float32)
     # Keyed on raw stride tuples: cheaper per call than building KernelStrides.
     v = ops.k_cache if config.problem.v_from_k else ops.v_cache
-    key = (config, ops.q.stride(), ops.k_cache.stride(), v.stride(), ops.page_table.stride(), mid_o.stride(),
-           mid_lse.stride(), out.stride(), lse.stride())  # fmt: skip
-    launchers = _DECODE_LAUNCHERS.get(key)
-    if launchers is None:
+    mid = None if mid_o is None else (mid_o.stride(), mid_lse.stride())
+    key = (config, ops.q.stride(), ops.k_cache.stride(), v.stride(), ops.page_table.stride(), mid, out.stride(),
+           lse.stride())  # fmt: skip
+    run = _DECODE_LAUNCHERS.get(key)
+    if run is None:
         if len(_DECODE_LAUNCHERS) >= MAX_CACHED_LAUNCHES:
             del _DECODE_LAUNCHERS[next(iter(_DECODE_LAUNCHERS))]  # the oldest
-        strides = kernel_strides(ops, config.problem, mid_o, mid_lse, out, lse)
-        gluon = None
-        if config.hopper_mla and config.tma_ready(strides) and ops.q.get_device() >= 0:
-            gluon = GluonLauncher(config.hopper_stage1(strides), ops.q.get_device())
-        launchers = _DECODE_LAUNCHERS[key] = (
-            StageLauncher(config.stage1(strides)),
-            StageLauncher(config.stage2(strides)),
-            gluon,
-        )
-    stage1, stage2, gluon = launchers
-    if gluon is not None and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, mid_o, mid_lse, out, lse):
-        tensors, inputs = dict(q=ops.q, k_cache=ops.k_cache), operands.hopper_stage1_inputs(ops, config.problem)
-        if config.one_pass:
-            gluon(tensors, (*inputs, out, lse))
-            return
-        gluon(tensors, (*inputs, mid_o, mid_lse))
-    else:
-        stage1((*operands.stage1_inputs(ops, config.problem), mid_o, mid_lse))
-    stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
+        fixed = dataclasses.replace(config, schedule_programs=0)
+        if mid_o is None:  # the strides of scratch() for the fixed splits
+            mid_strides = fixed.contiguous_strides()
+            strides = kernel_strides(ops, config.problem, None, None, out, lse, mid_strides)
+        else:
+            strides = kernel_strides(ops, config.problem, mid_o, mid_lse, out, lse)
+        run = _DECODE_LAUNCHERS[key] = DecodeRun(config, strides, ops.q.get_device())
+    run(ops, mid_o, mid_lse, out, lse)
 
 
 @functools.lru_cache(maxsize=MAX_CACHED_LAUNCHES)

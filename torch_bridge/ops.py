@@ -21,7 +21,6 @@ replay them.
 from __future__ import annotations
 
 import functools
-import math
 import numbers
 
 import torch
@@ -177,21 +176,6 @@ def _check_output(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype
     _check_writable(name, tensor)
 
 
-@functools.lru_cache(maxsize=4096)
-def _scratch_layout(config: LaunchConfig) -> tuple:
-    """(elements, mid_o's elements, mid_o's shape, mid_lse's shape) of ``config``'s scratch."""
-    mid_o_size = math.prod(config.mid_o_shape)
-    return mid_o_size + math.prod(config.mid_lse_shape), mid_o_size, config.mid_o_shape, config.mid_lse_shape
-
-
-def _scratch(q: torch.Tensor, config: LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stage 1's partial results for ``config``'s splits: (mid_o, mid_lse) views of one
-    float32 buffer."""
-    size, mid_o_size, mid_o_shape, mid_lse_shape = _scratch_layout(config)
-    scratch = q.new_empty((size,), dtype=torch.float32)
-    return scratch[:mid_o_size].view(mid_o_shape), scratch[mid_o_size:].view(mid_lse_shape)
-
-
 _LSE_SINKS: dict[tuple, torch.Tensor] = {}
 
 
@@ -277,7 +261,7 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
         out = q.new_empty(p.out_shape)
     if lse is None:
         lse = q.new_empty(out.shape[:-1], dtype=torch.float32)
-    launch_decode(config, ops, *((None, None) if config.one_pass else _scratch(q, config)), out, lse)
+    launch_decode(config, ops, None, None, out, lse)
     return out, lse
 
 

@@ -173,7 +173,25 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
 
         launch = config.hopper_stage1(strides)
         arrays = dict(q=ops.q, k_cache=ops.k_cache)
-        inputs = (*(arrays[view.operand] for view in launch.tma), *operands.hopper_stage1_inputs(ops, p))
+        descriptors = tuple(arrays[view.operand] for view in launch.tma)
+        if config.schedule_programs:
+            schedule = triton_call(
+                *operands.schedule_inputs(ops, p),
+                launch=config.schedule(),
+                out_types=(jax.ShapeDtypeStruct(config.schedule_shape, jnp.int32),),
+                device=config.device,
+            )[0]
+            inputs = (*descriptors, *operands.hopper_stage1_inputs(ops, p, schedule))
+            mid_o, mid_lse = gluon_call(*inputs, launch=launch, out_types=mid_types, device=config.device)
+            return tuple(
+                triton_call(
+                    *operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule),
+                    launch=config.schedule_merge(strides),
+                    out_types=out_types,
+                    device=config.device,
+                )
+            )
+        inputs = (*descriptors, *operands.hopper_stage1_inputs(ops, p))
         if config.one_pass:
             return tuple(gluon_call(*inputs, launch=launch, out_types=out_types, device=config.device))
         mid_o, mid_lse = gluon_call(*inputs, launch=launch, out_types=mid_types, device=config.device)

@@ -16,7 +16,10 @@ import os
 
 # Gluon kernels by launch name: (module, function).  Imported on first use, as they
 # need Gluon's Hopper API.
-GLUON_KERNELS = {"mla_hopper": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper")}
+GLUON_KERNELS = {
+    "mla_hopper": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper"),
+    "mla_hopper_scheduled": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_scheduled"),
+}
 
 
 @functools.cache

@@ -70,6 +70,12 @@ would (its merge of one split is the identity), and stage 2 is skipped.
 Splits: ``seq_len`` is cut into ``NUM_KV_SPLITS`` contiguous parts of whole 64-token
 tiles (the ``split_bounds`` rule with ``BLOCK_N = 64``); stage 2 needs only each
 split's normalised output and LSE.
+
+``_mla_stage1_hopper_scheduled`` runs the same chunk code (``_attend_chunk``) under the
+device-side schedule of :mod:`jax_decode.kernels.schedule`: one wave of programs per
+head block, each attending in turn to the chunks of its share of the batch's work and
+writing them by slot for ``_schedule_merge``.  The shared memory is allocated once per
+program; the barriers are set up and retired per chunk.
 """
 
 from __future__ import annotations
@@ -149,69 +155,44 @@ def _page_of(page_row_ptr, start, tile, num_tiles, num_pages, BLOCK_N: gl.conste
 
 
 @gluon.jit
-def _mla_stage1_hopper(
-    q_desc,  # TMA over q viewed as [batch * num_heads, 576], block [64, 512] (the latent)
-    qr_desc,  # TMA over the same rows, block [64, 64] read at column 512 (the rope part)
-    k_desc,  # TMA over the cache viewed as [num_pages * page_size, 576] (row stride: the slot's), block [64, 512]
-    kr_desc,  # TMA over the same rows, block [64, 64] read at column 512
-    page_table_ptr,  # int32 [batch, max_pages]
-    seq_lens_ptr,  # int32 [batch]
-    num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
-    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v] (or the final out, see below)
-    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits] (or the final lse)
-    STRIDE_PTB: gl.constexpr,
-    STRIDE_MOB: gl.constexpr,
-    STRIDE_MOH: gl.constexpr,
-    STRIDE_MOS: gl.constexpr,
-    STRIDE_MLB: gl.constexpr,
-    STRIDE_MLH: gl.constexpr,
-    STRIDE_MLS: gl.constexpr,
+def _attend_chunk(
+    q_desc,
+    qr_desc,
+    k_desc,
+    kr_desc,
+    q_lat,
+    q_rope,
+    k_lat,
+    k_rope,
+    p_smem,
+    q_bar,
+    k_bars,
+    page_row_ptr,  # this batch row's page-table row
+    num_pages,
+    q_row,  # TMA row of the first of this program's 64 query heads
+    start,  # first token (a multiple of 64)
+    end,  # one past the last token
     SM_SCALE: gl.constexpr,
-    NUM_HEADS: gl.constexpr,
     PAGE_SIZE: gl.constexpr,
-    CAPACITY: gl.constexpr,
-    NUM_KV_SPLITS: gl.constexpr,
-    NUM_STAGES: gl.constexpr,  # K tiles in the TMA ring: 2 (what shared memory holds)
-    PIPELINE: gl.constexpr,  # 1: the next tile's Q K^T is issued right behind this tile's P V
+    NUM_STAGES: gl.constexpr,
+    PIPELINE: gl.constexpr,
 ):
+    """Attention of 64 query heads over tokens ``[start, end)`` of one batch row: the
+    normalised output ([64, 512] f32, in the P V accumulator's layout) and the LSE
+    ([64], natural log; -inf with no token).  The barriers are set up here and retired
+    at the end, so a program may attend to several chunks in turn with the same
+    shared memory."""
     BLOCK_H: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM_V: gl.constexpr = q_desc.block_type.shape[1]
-    DPE: gl.constexpr = qr_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    gl.static_assert(BLOCK_H == 64, "one wgmma M block of heads")
-    gl.static_assert(BLOCK_N == 64, "64-token K tiles")
-    gl.static_assert(HEAD_DIM_V == 512, "MLA latent width")
-    gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "a K tile must lie inside one page")
-    gl.static_assert(gl.num_warps() == 8, "two warpgroups")
-    gl.static_assert(NUM_STAGES == 2, "the page-id prefetch is written for a 2-stage ring")
-
     # Scores: warpgroup w holds tokens 32w..32w+31; output: warpgroup w holds columns 256w...
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
 
-    head_block = gl.program_id(0)
-    batch_idx = gl.program_id(1).to(gl.int64)
-    split_idx = gl.program_id(2)
-
-    seq_len = gl.load(seq_lens_ptr + batch_idx)
-    seq_len = gl.minimum(gl.maximum(seq_len, 0), CAPACITY)
-    per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
-    start = split_idx * per_split
-    end = gl.minimum(start + per_split, seq_len)
     num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
-    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
-
-    q_lat = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    q_rope = gl.allocate_shared_memory(qr_desc.dtype, qr_desc.block_type.shape, qr_desc.layout)
-    k_lat = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM_V], k_desc.layout)
-    k_rope = gl.allocate_shared_memory(kr_desc.dtype, [NUM_STAGES, BLOCK_N, DPE], kr_desc.layout)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for st in gl.static_range(NUM_STAGES):
         mbarrier.init(k_bars.index(st), count=1)
@@ -219,7 +200,6 @@ def _mla_stage1_hopper(
 
     # Q rows of this head block (rows past this batch row's heads are other rows'
     # queries, or zeros past the end: computed, never stored).
-    q_row = (batch_idx * NUM_HEADS).to(gl.int32) + head_block * BLOCK_H
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
     _tma_load(q_desc, [q_row, 0], q_bar, q_lat)
     _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_rope)
@@ -313,6 +293,10 @@ def _mla_stage1_hopper(
         row_pf = row_pf2
         ok_pf = ok_pf2
 
+    # Every thread is past its last wait (the loop's last barrier, or the Q wait with no
+    # tile), and no copy is in flight: the barriers can be retired (and set up anew for
+    # the next chunk), and Q, K and P overwritten.
+    _cta_barrier()
     mbarrier.invalidate(q_bar)
     for st in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_bars.index(st))
@@ -321,16 +305,156 @@ def _mla_stage1_hopper(
     has_tokens = l_i > 0
     l_safe = gl.where(has_tokens, l_i, 1.0)
     lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
-    o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+    return acc / gl.convert_layout(l_safe, o_rows)[:, None], lse
 
-    heads_o = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
-    cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
-    mo_rows = batch_idx * STRIDE_MOB + heads_o.to(gl.int64) * STRIDE_MOH + split_idx * STRIDE_MOS
+
+@gluon.jit
+def _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, head_block, STRIDE_MOH, STRIDE_MLH,
+                 NUM_HEADS: gl.constexpr):  # fmt: skip
+    """Store one chunk's output rows (cast to the output's dtype) and LSE for the real heads."""
+    BLOCK_H: gl.constexpr = o.shape[0]
+    heads_o = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o.type.layout))
+    cols = gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, o.type.layout))
+    rows = o_base + heads_o.to(gl.int64) * STRIDE_MOH
     o = o.to(mid_o_ptr.dtype.element_ty)
-    gl.store(mid_o_ptr + mo_rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
-    heads_s = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=s_rows)
-    lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads_s * STRIDE_MLH + split_idx * STRIDE_MLS
-    gl.store(lse_ptrs, lse, mask=heads_s < NUM_HEADS)
+    gl.store(mid_o_ptr + rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
+    heads_s = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=lse.type.layout)
+    gl.store(mid_lse_ptr + lse_base + heads_s * STRIDE_MLH, lse, mask=heads_s < NUM_HEADS)
+
+
+@gluon.jit
+def _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES: gl.constexpr):
+    """Shared memory of one program: Q, the K ring, P and the barriers."""
+    BLOCK_H: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_lat = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    q_rope = gl.allocate_shared_memory(qr_desc.dtype, qr_desc.block_type.shape, qr_desc.layout)
+    k_lat = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, k_desc.block_type.shape[1]], k_desc.layout)
+    k_rope = gl.allocate_shared_memory(
+        kr_desc.dtype, [NUM_STAGES, BLOCK_N, kr_desc.block_type.shape[1]], kr_desc.layout
+    )
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    return q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars
+
+
+@gluon.jit
+def _check_shapes(q_desc, qr_desc, k_desc, PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr):
+    gl.static_assert(q_desc.block_type.shape[0] == 64, "one wgmma M block of heads")
+    gl.static_assert(k_desc.block_type.shape[0] == 64, "64-token K tiles")
+    gl.static_assert(q_desc.block_type.shape[1] == 512, "MLA latent width")
+    gl.static_assert(qr_desc.block_type.shape[1] == 64, "MLA rope width")
+    gl.static_assert(PAGE_SIZE % 64 == 0, "a K tile must lie inside one page")
+    gl.static_assert(gl.num_warps() == 8, "two warpgroups")
+    gl.static_assert(NUM_STAGES == 2, "the page-id prefetch is written for a 2-stage ring")
+
+
+@gluon.jit
+def _mla_stage1_hopper(
+    q_desc,  # TMA over q viewed as [batch * num_heads, 576], block [64, 512] (the latent)
+    qr_desc,  # TMA over the same rows, block [64, 64] read at column 512 (the rope part)
+    k_desc,  # TMA over the cache viewed as [num_pages * page_size, 576] (row stride: the slot's), block [64, 512]
+    kr_desc,  # TMA over the same rows, block [64, 64] read at column 512
+    page_table_ptr,  # int32 [batch, max_pages]
+    seq_lens_ptr,  # int32 [batch]
+    num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
+    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v] (or the final out, see below)
+    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits] (or the final lse)
+    STRIDE_PTB: gl.constexpr,
+    STRIDE_MOB: gl.constexpr,
+    STRIDE_MOH: gl.constexpr,
+    STRIDE_MOS: gl.constexpr,
+    STRIDE_MLB: gl.constexpr,
+    STRIDE_MLH: gl.constexpr,
+    STRIDE_MLS: gl.constexpr,
+    SM_SCALE: gl.constexpr,
+    NUM_HEADS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    CAPACITY: gl.constexpr,
+    NUM_KV_SPLITS: gl.constexpr,
+    NUM_STAGES: gl.constexpr,  # K tiles in the TMA ring: 2 (what shared memory holds)
+    PIPELINE: gl.constexpr,  # 1: the next tile's Q K^T is issued right behind this tile's P V
+):
+    """Fixed splits: one program per (head block, batch row, split)."""
+    _check_shapes(q_desc, qr_desc, k_desc, PAGE_SIZE, NUM_STAGES)
+    head_block = gl.program_id(0)
+    batch_idx = gl.program_id(1).to(gl.int64)
+    split_idx = gl.program_id(2)
+
+    seq_len = gl.load(seq_lens_ptr + batch_idx)
+    seq_len = gl.minimum(gl.maximum(seq_len, 0), CAPACITY)
+    per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), 64) * 64
+    start = split_idx * per_split
+    end = gl.minimum(start + per_split, seq_len)
+
+    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES)
+    q_row = (batch_idx * NUM_HEADS).to(gl.int32) + head_block * 64
+    o, lse = _attend_chunk(
+        q_desc, qr_desc, k_desc, kr_desc, q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars,
+        page_table_ptr + batch_idx * STRIDE_PTB, num_pages, q_row, start, end,
+        SM_SCALE, PAGE_SIZE, NUM_STAGES, PIPELINE,
+    )  # fmt: skip
+    o_base = batch_idx * STRIDE_MOB + split_idx * STRIDE_MOS
+    lse_base = batch_idx * STRIDE_MLB + split_idx * STRIDE_MLS
+    _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, head_block, STRIDE_MOH, STRIDE_MLH, NUM_HEADS)
+
+
+@gluon.jit
+def _mla_stage1_hopper_scheduled(
+    q_desc,  # as _mla_stage1_hopper's
+    qr_desc,
+    k_desc,
+    kr_desc,
+    page_table_ptr,  # int32 [batch, max_pages]
+    seq_lens_ptr,  # int32 [batch]
+    schedule_ptr,  # int32: jax_decode.kernels.schedule._work_schedule's
+    num_pages,  # int
+    batch,  # int
+    mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads, head_dim_v], contiguous: partials by slot
+    mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads], contiguous
+    STRIDE_PTB: gl.constexpr,
+    SM_SCALE: gl.constexpr,
+    NUM_HEADS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    CAPACITY: gl.constexpr,
+    NUM_PROGRAMS: gl.constexpr,
+    CHUNK_COST: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    PIPELINE: gl.constexpr,
+):
+    """The device-side schedule (jax_decode.kernels.schedule): program ``p`` of a head
+    block attends to the chunks of positions ``[p W, (p + 1) W)``, row by row, writing
+    chunk ``(p, b)`` to slot ``b + p``; grid ``(cdiv(num_heads, 64), NUM_PROGRAMS)``."""
+    _check_shapes(q_desc, qr_desc, k_desc, PAGE_SIZE, NUM_STAGES)
+    first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
+    end_row = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1))
+    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES)
+    # Only the row is carried across chunks (the chunk's own loop needs every register
+    # it can get); the program ids and the schedule are read again per chunk.  Still,
+    # ptxas (triton 3.6) gives this kernel 255 registers and 32 bytes of spills against
+    # the fixed-split kernel's 235 and none: one local reload per tile.
+    for row in range(first_row, end_row):
+        head_block = gl.program_id(0)
+        program = gl.program_id(1)
+        per_program = gl.load(schedule_ptr)
+        row_start = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + row)
+        row64 = row.to(gl.int64)
+        seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row64), 0), CAPACITY)
+        tiles = gl.cdiv(seq_len, 64)
+        first_pos = program * per_program
+        tile_lo = gl.minimum(gl.maximum(first_pos - row_start - CHUNK_COST, 0), tiles)
+        tile_hi = gl.minimum(gl.maximum(first_pos + per_program - row_start - CHUNK_COST, 0), tiles)
+        q_row = row * NUM_HEADS + head_block * 64
+        o, lse = _attend_chunk(
+            q_desc, qr_desc, k_desc, kr_desc, q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars,
+            page_table_ptr + row64 * STRIDE_PTB, num_pages, q_row, tile_lo * 64, gl.minimum(tile_hi * 64, seq_len),
+            SM_SCALE, PAGE_SIZE, NUM_STAGES, PIPELINE,
+        )  # fmt: skip
+        slot = row64 + gl.program_id(1)
+        _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, slot * (NUM_HEADS * 512), slot * NUM_HEADS, gl.program_id(0), 512,
+                     1, NUM_HEADS)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------

@@ -24,6 +24,9 @@ from jax_decode.launch.problem import (
 # tokens per K tile.
 HOPPER_MLA_ROWS = 64
 HOPPER_MLA_TILE = 64
+# The device-side schedule's fixed cost of starting a row's chunk (loading Q, filling
+# the pipeline, writing a partial result), in 64-token tiles; FlashMLA uses 5 too.
+HOPPER_MLA_CHUNK_COST = 5
 _POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 Variant = Literal["mha", "grouped"]
@@ -124,6 +127,10 @@ class LaunchConfig:
     # operands allow its TMA copies (see tma_ready); the fields above then describe the
     # portable kernel that takes its place elsewhere, with the same splits and scratch.
     hopper_mla: bool = False
+    # With hopper_mla, > 0: the Gluon stage 1 runs this many programs per head block
+    # under the device-side schedule (jax_decode.kernels.schedule) instead of fixed
+    # splits; num_kv_splits then describes only the portable stand-in.
+    schedule_programs: int = 0
 
     @property
     def stage1_grid(self) -> tuple[int, int, int]:
@@ -137,8 +144,11 @@ class LaunchConfig:
     @property
     def mid_o_shape(self) -> tuple[int, ...]:
         """Stage 1's partial outputs: [batch, (q_len,) num_heads, num_kv_splits, head_dim_v],
-        the token axis where there are several query tokens."""
+        the token axis where there are several query tokens; under the device-side
+        schedule [batch + schedule_programs, num_heads, head_dim_v], by chunk slot."""
         p = self.problem
+        if self.schedule_programs:
+            return (p.batch + self.schedule_programs, p.num_heads, p.head_dim_v)
         return (p.batch, *((p.q_len,) if p.q_len > 1 else ()), p.num_heads, self.num_kv_splits, p.head_dim_v)
 
     @property
@@ -225,7 +235,50 @@ class LaunchConfig:
     def one_pass(self) -> bool:
         """The Gluon stage 1 with one split writes ``out`` and ``lse`` itself (its merge of
         one split is the identity): stage 2 is not launched."""
-        return self.hopper_mla and self.num_kv_splits == 1
+        return self.hopper_mla and not self.schedule_programs and self.num_kv_splits == 1
+
+    @property
+    def schedule_shape(self) -> tuple[int]:
+        """The int32 schedule :func:`~jax_decode.kernels.schedule._work_schedule` writes."""
+        return (1 + 2 * self.schedule_programs + self.problem.batch,)
+
+    def schedule(self) -> KernelLaunch:
+        """The device-side schedule's kernel (one program): inputs seq_lens and batch."""
+        meta = dict(
+            CAPACITY=self.problem.capacity,
+            BLOCK_N=HOPPER_MLA_TILE,
+            CHUNK_COST=HOPPER_MLA_CHUNK_COST,
+            NUM_PROGRAMS=self.schedule_programs,
+            # One step for batches up to 1024 rows: the kernel is a chain of dependent
+            # loads and scans on one SM, and its latency is the cost.
+            BLOCK_B=min(1024, next_power_of_2(self.problem.batch)),
+            BLOCK_P=next_power_of_2(self.schedule_programs + 2),
+        )
+        return KernelLaunch("work_schedule", (1, 1, 1), 4, 1, tuple(meta.items()))
+
+    def schedule_merge(self, strides: KernelStrides) -> KernelLaunch:
+        """The merge of the scheduled chunks into ``out`` and ``lse`` (whose strides are
+        ``strides``'; the partials are contiguous): one program per (batch row, head)."""
+        p = self.problem
+        meta = dict(
+            STRIDE_MOS=p.num_heads * p.head_dim_v,
+            STRIDE_MOH=p.head_dim_v,
+            STRIDE_MLS=p.num_heads,
+            STRIDE_MLH=1,
+            STRIDE_OB=strides.out[0],
+            STRIDE_OH=strides.out[1],
+            STRIDE_LB=strides.lse[0],
+            STRIDE_LH=strides.lse[1],
+            HEAD_DIM_V=p.head_dim_v,
+            BLOCK_DV=self.block_dv,
+            CAPACITY=p.capacity,
+            BLOCK_N=HOPPER_MLA_TILE,
+            CHUNK_COST=HOPPER_MLA_CHUNK_COST,
+            NUM_PROGRAMS=self.schedule_programs,
+            BLOCK_S=next_power_of_2(self.schedule_programs),
+            ROUND_BY_BITS=self.device.vendor == "cpu",
+        )
+        return KernelLaunch("schedule_merge", (p.batch, p.num_heads, 1), self.stage2_num_warps, 1, tuple(meta.items()))
 
     def tma_ready(self, strides: KernelStrides) -> bool:
         """Whether q and the cache are row views a TMA descriptor can address: q's rows
@@ -241,15 +294,13 @@ class LaunchConfig:
         )
 
     def hopper_stage1(self, strides: KernelStrides) -> KernelLaunch:
-        """The Gluon MLA stage 1 (``hopper_mla`` configs, operands ``tma_ready``): one program
+        """The Gluon MLA stage 1 (``hopper_mla`` configs, operands ``tma_ready``): under the
+        device-side schedule ``schedule_programs`` programs per 64 query heads writing
+        chunk partials (merged by :meth:`schedule_merge`); with fixed splits one program
         per 64 query heads x split x batch row, writing stage 2's mid_o / mid_lse, or with
         one split ``out`` and ``lse`` themselves."""
         assert self.hopper_mla and self.tma_ready(strides)
         p = self.problem
-        if self.one_pass:
-            mid_o, mid_lse, out_type = (*strides.out, 0), (*strides.lse, 0), _POINTER[p.dtype]
-        else:
-            mid_o, mid_lse, out_type = strides.mid_o, strides.mid_lse, "*fp32"
         latent, rope = (HOPPER_MLA_ROWS, p.head_dim_v), (HOPPER_MLA_ROWS, p.head_dim_qk - p.head_dim_v)
         q_rows, k_rows = p.batch * p.num_heads, p.num_pages * p.page_size
         tma = (
@@ -258,6 +309,29 @@ class LaunchConfig:
             TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], latent),
             TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], rope),
         )
+        descriptors = (("q_desc", "tma"), ("qr_desc", "tma"), ("k_desc", "tma"), ("kr_desc", "tma"))
+        if self.schedule_programs:
+            meta = dict(
+                STRIDE_PTB=strides.page_table,
+                SM_SCALE=float(p.sm_scale),
+                NUM_HEADS=p.num_heads,
+                PAGE_SIZE=p.page_size,
+                CAPACITY=p.capacity,
+                NUM_PROGRAMS=self.schedule_programs,
+                CHUNK_COST=HOPPER_MLA_CHUNK_COST,
+                NUM_STAGES=2,
+                PIPELINE=1,
+            )
+            params = (
+                *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("schedule_ptr", "*i32"),
+                ("num_pages", "i32"), ("batch", "i32"), ("mid_o_ptr", "*fp32"), ("mid_lse_ptr", "*fp32"),
+            )  # fmt: skip
+            grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), self.schedule_programs, 1)
+            return KernelLaunch("mla_hopper_scheduled", grid, 8, 1, tuple(meta.items()), params, tma)
+        if self.one_pass:
+            mid_o, mid_lse, out_type = (*strides.out, 0), (*strides.lse, 0), _POINTER[p.dtype]
+        else:
+            mid_o, mid_lse, out_type = strides.mid_o, strides.mid_lse, "*fp32"
         meta = dict(
             STRIDE_PTB=strides.page_table,
             STRIDE_MOB=mid_o[0],
@@ -275,8 +349,7 @@ class LaunchConfig:
             PIPELINE=1,
         )
         params = (
-            ("q_desc", "tma"), ("qr_desc", "tma"), ("k_desc", "tma"), ("kr_desc", "tma"),
-            ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("num_pages", "i32"),
+            *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("num_pages", "i32"),
             ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
         )  # fmt: skip
         grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import operator
 
-from jax_decode.launch.config import HOPPER_MLA_ROWS, HOPPER_MLA_TILE, LaunchConfig, Variant
+from jax_decode.launch.config import HOPPER_MLA_CHUNK_COST, HOPPER_MLA_ROWS, HOPPER_MLA_TILE, LaunchConfig, Variant
 from jax_decode.launch.cost import ProgramShape, long_tail_time, programs_per_sm, uniform_time
 from jax_decode.launch.problem import (
     SCALE_NONE,
@@ -163,19 +163,53 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo) -> bool:
         and not p.has_sinks
         and p.page_size % HOPPER_MLA_TILE == 0
         and 0 < p.num_pages * p.page_size <= 2**31 - 1
+        and p.batch * p.num_heads <= 2**31 - 1
+    )
+
+
+# The Gluon MLA stage 1's program (jax_decode/kernels/mla_hopper.py, as compiled by
+# triton 3.6 for sm_90): two warpgroups, 235 registers, Q and a 2-stage ring of
+# 64-token K tiles in 229,912 bytes of shared memory -- one program per SM.
+HOPPER_MLA_THREADS, HOPPER_MLA_REGISTERS, HOPPER_MLA_SHARED = 256, 235, 229912
+
+
+def hopper_mla_program(p: DecodeProblem) -> ProgramShape:
+    """The cost model's view of one program of the Gluon MLA stage 1."""
+    heads = min(HOPPER_MLA_ROWS, p.num_heads)
+    return ProgramShape(
+        threads=HOPPER_MLA_THREADS,
+        registers=HOPPER_MLA_REGISTERS,
+        shared_bytes=HOPPER_MLA_SHARED,
+        in_flight_bytes=2 * HOPPER_MLA_TILE * p.head_dim_qk * 2,
+        token_bytes=p.head_dim_qk * 2,
+        flops_per_token=2 * heads * (p.head_dim_qk + p.head_dim_v),
+        mma="wgmma",
+        partial_bytes=heads * (p.head_dim_v + 1) * 4,
     )
 
 
 def hopper_mla_splits(p: DecodeProblem, device: DeviceInfo) -> int:
-    """Splits of the Gluon MLA stage 1: one wave.  A program fills an SM's registers and
-    shared memory, so the grid (head blocks x batch x splits) is kept to one program per
-    SM, with at least MIN_BLOCKS_PER_SPLIT 64-token tiles a split; the largest such of
-    SPLIT_CHOICES.  (On the H200 this is the measured best split count of DeepSeek-V3's
-    b1 ctx32k, b8 ctx16k, b64 ctx4k and b128 ctx1k at 128 heads and of b64 ctx4k at 16.)"""
-    programs_per_split = cdiv(p.num_heads, HOPPER_MLA_ROWS) * max(p.batch, 1)
-    tiles = cdiv(max(p.max_attended, 1), HOPPER_MLA_TILE)
-    most = min(MAX_AUTO_KV_SPLITS, device.num_sms // programs_per_split, tiles // MIN_BLOCKS_PER_SPLIT)
-    return max(s for s in SPLIT_CHOICES if s <= max(1, most))
+    """Fixed splits of the Gluon MLA stage 1: the cost model's hedge between a uniform
+    and a long-tailed batch (:func:`choose_splits`), as for the portable kernels.  For a
+    uniform batch alone the model's best is one wave of programs, which is the measured
+    best split count of DeepSeek-V3's b1 ctx32k, b8 ctx16k, b64 ctx4k and b128 ctx1k at
+    128 heads and of b64 ctx4k at 16 on the H200; one wave alone left a long-tailed
+    batch's longest row to one or two programs (DeepSeek-V3 TP8 b64 with mean length
+    2048: 208 us on the H100, vLLM 131)."""
+    return choose_splits(p, device, hopper_mla_program(p), cdiv(p.num_heads, HOPPER_MLA_ROWS), HOPPER_MLA_TILE)
+
+
+def hopper_mla_schedule_programs(p: DecodeProblem, device: DeviceInfo) -> int:
+    """Programs per head block of the Gluon MLA stage 1 under the device-side schedule
+    (0: fixed splits).  One wave: a program fills an SM.  A batch of one row has no
+    tail to balance, so its fixed splits do the same work without the schedule's two
+    extra launches; the schedule's int32 positions must not overflow."""
+    if p.batch <= 1:
+        return 0
+    positions = p.batch * (HOPPER_MLA_CHUNK_COST + cdiv(p.capacity, HOPPER_MLA_TILE))
+    if positions >= 2**31:
+        return 0
+    return max(1, device.num_sms // cdiv(p.num_heads, HOPPER_MLA_ROWS))
 
 
 def _wide_heads(block_dmodel: int, block_dpe: int) -> bool:
@@ -219,8 +253,16 @@ def check_cache_dtype_on_device(cache_dtype: str, device: DeviceInfo | None) -> 
         )
 
 
-def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None = None) -> LaunchConfig:
-    """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one."""
+def make_launch_config(
+    problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None = None, *, device_schedule: bool = False
+) -> LaunchConfig:
+    """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one.
+
+    ``device_schedule``: where the planner picks the splits of the Gluon MLA stage 1,
+    run it under the device-side schedule instead (:func:`hopper_mla_schedule_programs`).
+    Off in the frontends until it is measured no slower than fixed splits on uniform
+    batches (docs/performance.md); benchmarks and tests ask for it.
+    """
     p = problem
     check_cache_dtype_on_device(p.cache_dtype, device)
     if num_kv_splits is not None:
@@ -262,8 +304,10 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         num_warps = 4
 
     hopper_mla = _hopper_mla(p, device)
+    schedule_programs = 0
     if num_kv_splits is None and hopper_mla:
         num_kv_splits = hopper_mla_splits(p, device)
+        schedule_programs = hopper_mla_schedule_programs(p, device) if device_schedule else 0
     elif num_kv_splits is None:
         program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
         num_kv_splits = choose_splits(p, device, program, p.num_kv_heads * head_blocks, block_n)
@@ -283,6 +327,7 @@ def make_launch_config(problem: DecodeProblem, device: DeviceInfo, num_kv_splits
         num_kv_splits=num_kv_splits,
         stage2_num_warps=4 if block_dv >= 256 else 2,
         hopper_mla=hopper_mla,
+        schedule_programs=schedule_programs,
     )
 
 

@@ -1,0 +1,83 @@
+"""Where one ``torch_bridge.decode_attention`` call's device time goes: each kernel's
+mean time (torch.profiler's CUDA activity) on benchmark rows.
+
+    python -m benchmarks.kernel_times --rows "DeepSeek-V3 DP b64 ctx4096" [--splits 1 | --device-schedule]
+
+A call launches two or three kernels (stage 1 and stage 2; under the device-side
+schedule of the Gluon MLA stage 1, the schedule, stage 1 and the merge); the table says
+which of them the time is in, which ``benchmarks.bench``'s totals do not.
+``--device-schedule`` plans with it (the frontends do not yet) and launches through
+torch_bridge's launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+from benchmarks.bench import _options, _problem_for, row_problem
+from benchmarks.suites import SUITES
+
+
+def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, device_schedule: bool = False):
+    """Mean device microseconds per call of each kernel one call of ``row`` launches."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import torch_bridge
+    from benchmarks.inputs import TorchArrays
+    from jax_decode.launch import make_launch_config
+    from jax_decode.operands import DecodeOperands
+    from torch_bridge.launcher import launch_decode
+    from torch_bridge.ops import device_info
+
+    problem = _problem_for(row, TorchArrays("cuda"))
+
+    def call():
+        return torch_bridge.decode_attention(*problem.arrays, num_kv_splits=num_kv_splits, **problem.extras,
+                                             **_options(row))  # fmt: skip
+
+    if device_schedule:
+        config = make_launch_config(row_problem(row), device_info(problem.q.device), device_schedule=True)
+        ops = DecodeOperands(*problem.arrays)
+        out = torch.empty(config.problem.out_shape, dtype=problem.q.dtype, device="cuda")
+        lse = torch.empty(config.problem.lse_shape, dtype=torch.float32, device="cuda")
+
+        def call():  # noqa: F811
+            launch_decode(config, ops, None, None, out, lse)
+
+    for _ in range(3):  # compile and warm up
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time  # microseconds
+    return {name: total / calls for name, total in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", nargs="+", required=True, help="rows whose label contains one of these")
+    parser.add_argument("--splits", type=int, default=None, help="fixed num_kv_splits (default: planned)")
+    parser.add_argument("--device-schedule", action="store_true", help="the Gluon MLA stage 1's device-side schedule")
+    parser.add_argument("--calls", type=int, default=50)
+    args = parser.parse_args(argv)
+    rows = [row for suite in SUITES.values() for row in suite() if any(text in row.label for text in args.rows)]
+    seen = set()
+    for row in rows:
+        if row.label in seen:
+            continue
+        seen.add(row.label)
+        times = kernel_times(row, args.calls, args.splits, args.device_schedule)
+        parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
+        print(f"{row.label}: {sum(times.values()):.1f} us = {parts}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

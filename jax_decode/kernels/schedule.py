@@ -1,0 +1,150 @@
+"""A work schedule computed on the device, and the merge that goes with it.
+
+Imports only ``triton``; portable ``tl`` kernels (the interpreter runs them too).
+
+With a fixed number of KV splits every batch row gets the same number of programs,
+so one long row in a batch of short ones runs alone on a few SMs while the rest
+idle.  Instead, the Gluon MLA stage 1 can run ``NUM_PROGRAMS`` programs per head
+block that share the batch's work equally, cut from the prefix sum of ``seq_lens``
+(FlashMLA's tile scheduler, LeanAttention's stream-K):
+
+* row ``b`` costs ``CHUNK_COST + tiles_b`` units, ``tiles_b = cdiv(len_b, BLOCK_N)``
+  with ``len_b`` clamped to ``[0, CAPACITY]``; ``CHUNK_COST`` is the fixed cost of
+  starting a row (loading Q, filling the pipeline, writing a partial result) in tiles.
+  Laid end to end the rows occupy positions ``[S_b, S_b + cost_b)`` of
+  ``[0, total)``, ``S_b`` the exclusive prefix sum.
+* program ``p`` takes positions ``[p W, (p + 1) W)``, ``W = cdiv(total, NUM_PROGRAMS)``:
+  every row it meets is a *chunk* -- the row's tiles whose positions fall in its range
+  (possibly none: the row's start-up units alone).  Its rows are
+  ``first_p(b) = S_b // W`` to ``last_p(b) = (S_b + cost_b - 1) // W`` and it writes
+  chunk ``(p, b)``'s normalised output and LSE to slot ``b + p`` of the partial
+  buffers (unique: programs take rows in order), ``batch + NUM_PROGRAMS`` slots in all.
+* :func:`_schedule_merge` merges row ``b``'s slots ``b + first_p(b) .. b + last_p(b)``.
+
+:func:`_work_schedule` writes, as int32 (``1 + 2 * NUM_PROGRAMS + batch`` of them):
+``W``; for each program its first row (the number of rows that end at or before its
+first position); for each program one past its last row (the number of rows that
+start before its last position); for each row ``S_b``.  (A program's loop holds only
+its row: everything else is read back per chunk, as registers are what the Gluon
+kernel has least of.)  The launch config keeps
+``batch * (CHUNK_COST + cdiv(CAPACITY, BLOCK_N))`` below 2**31.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from jax_decode.kernels.common import cast_rne
+
+
+@triton.jit
+def _row_costs(seq_lens_ptr, rows, batch, CAPACITY: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_COST: tl.constexpr):
+    """Units of work of ``rows`` (0 past the batch)."""
+    lens = tl.load(seq_lens_ptr + rows, mask=rows < batch, other=0)
+    lens = tl.minimum(tl.maximum(lens, 0), CAPACITY)
+    return tl.where(rows < batch, CHUNK_COST + tl.cdiv(lens, BLOCK_N), 0)
+
+
+@triton.jit
+def _work_schedule(
+    seq_lens_ptr,  # int32 [batch]
+    batch,  # int
+    schedule_ptr,  # int32 [1 + 2 * NUM_PROGRAMS + batch], written
+    CAPACITY: tl.constexpr,  # max_pages * page_size
+    BLOCK_N: tl.constexpr,  # tokens per tile
+    CHUNK_COST: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    BLOCK_B: tl.constexpr,  # rows per step (the whole batch in one step, up to 1024 rows)
+    BLOCK_P: tl.constexpr,  # next_power_of_2(NUM_PROGRAMS + 2): the histograms' bins
+):
+    """The schedule of the module docstring; one program."""
+    offs_b = tl.arange(0, BLOCK_B)
+    row_starts = schedule_ptr + 1 + 2 * NUM_PROGRAMS
+    total = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int32), 0)
+    for b0 in range(0, batch, BLOCK_B):
+        rows = b0 + offs_b
+        cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST)
+        tl.store(row_starts + rows, total + tl.cumsum(cost, 0) - cost, mask=rows < batch)
+        total += tl.sum(cost, 0)
+    per_program = tl.cdiv(total, NUM_PROGRAMS)
+    tl.store(schedule_ptr, per_program)
+
+    # Each program's rows: from the first that ends after its first position to the
+    # last that starts before its last.  Row b ends before program p's first position
+    # iff cdiv(end_b, W) <= p, and starts before its last iff start_b // W <= p, so the
+    # counts are prefix sums of two histograms over programs.  (The row ends are
+    # recomputed rather than read back: other threads wrote the row starts.)
+    ends = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int32), 0)
+    ended = tl.zeros([BLOCK_P], dtype=tl.int32)
+    started = tl.zeros([BLOCK_P], dtype=tl.int32)
+    for b0 in range(0, batch, BLOCK_B):
+        rows = b0 + offs_b
+        cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST)
+        row_end = ends + tl.cumsum(cost, 0)
+        # Bins run to NUM_PROGRAMS; rows past the batch go to the last bin, past it.
+        ended += tl.histogram(tl.where(rows < batch, tl.cdiv(row_end, per_program), BLOCK_P - 1), BLOCK_P)
+        started += tl.histogram(tl.where(rows < batch, (row_end - cost) // per_program, BLOCK_P - 1), BLOCK_P)
+        ends += tl.sum(cost, 0)
+    offs_p = tl.arange(0, BLOCK_P)
+    mask_p = offs_p < NUM_PROGRAMS
+    tl.store(schedule_ptr + 1 + offs_p, tl.cumsum(ended, 0), mask=mask_p)
+    tl.store(schedule_ptr + 1 + NUM_PROGRAMS + offs_p, tl.cumsum(started, 0), mask=mask_p)
+
+
+@triton.jit
+def _schedule_merge(
+    mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads, head_dim_v]: chunk partials by slot
+    mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads]
+    schedule_ptr,  # int32, from _work_schedule
+    seq_lens_ptr,  # int32 [batch]
+    out_ptr,  # [batch, num_heads, head_dim_v], q's dtype
+    lse_ptr,  # f32 [batch, num_heads], natural log
+    STRIDE_MOS: tl.constexpr,
+    STRIDE_MOH: tl.constexpr,
+    STRIDE_MLS: tl.constexpr,
+    STRIDE_MLH: tl.constexpr,
+    STRIDE_OB: tl.constexpr,
+    STRIDE_OH: tl.constexpr,
+    STRIDE_LB: tl.constexpr,
+    STRIDE_LH: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CHUNK_COST: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # next_power_of_2(NUM_PROGRAMS): a row has at most that many chunks
+    ROUND_BY_BITS: tl.constexpr,
+):
+    """Merge the chunks of one (batch row, head) by log-sum-exp, as ``_decode_stage2``
+    merges splits; chunks with no token weigh 0, a row with none gets zeros and -inf."""
+    batch_idx = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    per_program = tl.load(schedule_ptr)
+    row_start = tl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + batch_idx)
+    seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
+    first = row_start // per_program
+    count = (row_start + CHUNK_COST + tl.cdiv(seq_len, BLOCK_N) - 1) // per_program - first + 1
+    slot = batch_idx + first
+
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < HEAD_DIM_V
+    lse_row = mid_lse_ptr + slot * STRIDE_MLS + head * STRIDE_MLH
+    chunk_lse = tl.load(lse_row + offs_s * STRIDE_MLS, mask=offs_s < count, other=float("-inf"))
+    m = tl.max(chunk_lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.exp(chunk_lse - m_safe), 0)
+    o_row = mid_o_ptr + slot * STRIDE_MOS + head * STRIDE_MOH
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for chunk in range(count):
+        weight = tl.exp(tl.load(lse_row + chunk * STRIDE_MLS) - m_safe)
+        acc += weight * tl.load(o_row + chunk * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
+
+    has_tokens = denom > 0
+    out = acc / tl.where(has_tokens, denom, 1.0)
+    out_ptrs = out_ptr + batch_idx * STRIDE_OB + head * STRIDE_OH + offs_dv
+    tl.store(out_ptrs, cast_rne(out, out_ptr.dtype.element_ty, ROUND_BY_BITS), mask=mask_dv)
+    lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
+    tl.store(lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, lse)

@@ -1,0 +1,173 @@
+"""The device-side work schedule of the Gluon MLA stage 1 (jax_decode.kernels.schedule),
+in Triton's interpreter: the schedule kernel against a plain-Python statement of its
+rule, the rule's guarantees (every tile once, equal work, unique slots), and the merge
+of chunk partials -- cut exactly as the scheduled stage 1 cuts them -- against the
+float64 oracle."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import INTERPRETER_FAILURE
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(INTERPRETER_FAILURE is not None, reason=f"interpreter: {INTERPRETER_FAILURE}")
+
+TILE = 64
+
+
+def _config(batch, num_heads=16, max_pages=8, page_size=64, num_sms=12):
+    from jax_decode.launch import DecodeProblem, DeviceInfo, make_launch_config
+
+    problem = DecodeProblem(
+        batch=batch, num_heads=num_heads, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
+        num_pages=batch * max_pages, page_size=page_size, max_pages=max_pages, dtype="bfloat16", v_from_k=True,
+        sm_scale=1 / math.sqrt(576), logit_cap=0.0,
+    )  # fmt: skip
+    config = make_launch_config(problem, DeviceInfo("nvidia", 90, num_sms, hopper_kernels=True), device_schedule=True)
+    assert config.schedule_programs == num_sms // math.ceil(num_heads / 64)
+    return config
+
+
+def expected_schedule(seq_lens, capacity, programs, chunk_cost):
+    """The rule of jax_decode.kernels.schedule, in plain Python: (W, first rows, end
+    rows, row starts) and each program's chunks (row, first tile, end tile)."""
+    tiles = [math.ceil(min(max(n, 0), capacity) / TILE) for n in seq_lens]
+    costs = [chunk_cost + t for t in tiles]
+    starts = [sum(costs[:b]) for b in range(len(costs))]
+    per = math.ceil(sum(costs) / programs)
+    first_rows, end_rows, chunks = [], [], []
+    for p in range(programs):
+        first_rows.append(sum(starts[b] + costs[b] <= p * per for b in range(len(costs))))
+        end_rows.append(sum(starts[b] < (p + 1) * per for b in range(len(costs))))
+        mine = []
+        for b in range(len(costs)):
+            if starts[b] < (p + 1) * per and starts[b] + costs[b] > p * per:
+                lo = min(max(p * per - starts[b] - chunk_cost, 0), tiles[b])
+                hi = min(max((p + 1) * per - starts[b] - chunk_cost, 0), tiles[b])
+                mine.append((b, lo, hi))
+        chunks.append(mine)
+        # A program's chunks are exactly its rows first_row .. end_row - 1.
+        assert [b for b, _, _ in mine] == list(range(first_rows[-1], max(end_rows[-1], first_rows[-1])))
+    return per, first_rows, end_rows, starts, chunks
+
+
+def _run_schedule(config, seq_lens):
+    from jax_decode.interpreter import run_interpreted
+    from jax_decode.operands import DecodeOperands, schedule_inputs
+
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    ops = DecodeOperands(None, None, None, None, lens)
+    schedule = torch.full(config.schedule_shape, -7, dtype=torch.int32)
+    run_interpreted(config.schedule(), (*schedule_inputs(ops, config.problem), schedule))
+    return schedule.tolist()
+
+
+LENGTH_SETS = {
+    "uniform": [512] * 6,
+    "long tail": [3, 0, 511, 64, 65, 1, 0, 500],
+    "empty rows": [0, 0, 0],
+    "out of range": [-5, 10**6, 130, 2**31 - 1],
+    "one long": [1, 1, 1, 1, 1, 512, 1, 1, 1],
+    # More rows than one step of the kernel takes (1024): the prefix sums carry over.
+    "many rows": [int(n) for n in np.random.default_rng(3).integers(-10, 600, 1100)],
+}
+
+
+@pytest.mark.parametrize("name", list(LENGTH_SETS))
+@pytest.mark.parametrize("num_sms", [12, 5, 1])
+def test_schedule_kernel_follows_the_rule(name, num_sms):
+    from jax_decode.launch.config import HOPPER_MLA_CHUNK_COST
+
+    seq_lens = LENGTH_SETS[name]
+    config = _config(len(seq_lens), num_sms=num_sms)
+    programs, capacity = config.schedule_programs, config.problem.capacity
+    got = _run_schedule(config, seq_lens)
+    per, first_rows, end_rows, starts, chunks = expected_schedule(seq_lens, capacity, programs,
+                                                                  HOPPER_MLA_CHUNK_COST)  # fmt: skip
+    assert got == [per, *first_rows, *end_rows, *starts]
+
+    # What the rule guarantees: every tile of every row in exactly one chunk; no program
+    # over W positions; every row in at least one chunk; one slot per chunk.
+    tiles = [math.ceil(min(max(n, 0), capacity) / TILE) for n in seq_lens]
+    covered = {b: [] for b in range(len(seq_lens))}
+    slots = set()
+    for p, mine in enumerate(chunks):
+        assert sum(hi - lo for _, lo, hi in mine) <= per
+        for b, lo, hi in mine:
+            covered[b].extend(range(lo, hi))
+            assert b + p not in slots
+            slots.add(b + p)
+            assert b + p < len(seq_lens) + programs
+    for b, t in enumerate(tiles):
+        assert sorted(covered[b]) == list(range(t)), b
+        assert any(b == row for mine in chunks for row, _, _ in mine), b
+
+
+def test_schedule_balances_a_long_tail():
+    """One long row among short ones is cut across programs, so no program does much more
+    than the average -- what fixed splits cannot do without knowing the lengths."""
+    from jax_decode.launch.config import HOPPER_MLA_CHUNK_COST
+
+    seq_lens = [64] * 30 + [64 * 300]
+    config = _config(len(seq_lens), max_pages=300, num_sms=16)
+    per, *_, chunks = expected_schedule(seq_lens, config.problem.capacity, config.schedule_programs,
+                                        HOPPER_MLA_CHUNK_COST)  # fmt: skip
+    work = [sum(HOPPER_MLA_CHUNK_COST + hi - lo for _, lo, hi in mine) for mine in chunks]
+    total = sum(HOPPER_MLA_CHUNK_COST + math.ceil(n / TILE) for n in seq_lens)
+    assert max(work) <= per + HOPPER_MLA_CHUNK_COST and per == math.ceil(total / len(chunks))
+    long_row = len(seq_lens) - 1
+    assert sum(any(b == long_row for b, _, _ in mine) for mine in chunks) >= 8
+
+
+def _partials(q, latent, lo, hi, sm_scale):
+    """One chunk's normalised output and LSE over tokens [lo, hi) of one row (float64)."""
+    if hi <= lo:
+        return np.zeros((q.shape[0], 512)), np.full(q.shape[0], -np.inf)
+    s = q @ latent[lo:hi].T * sm_scale
+    m = s.max(1, keepdims=True)
+    w = np.exp(s - m)
+    return (w @ latent[lo:hi, :512]) / w.sum(1, keepdims=True), (m[:, 0] + np.log(w.sum(1)))
+
+
+@pytest.mark.parametrize("name", ["long tail", "one long", "empty rows"])
+def test_merge_of_scheduled_chunks_matches_the_oracle(name):
+    from jax_decode.interpreter import run_interpreted
+    from jax_decode.launch.config import HOPPER_MLA_CHUNK_COST
+    from jax_decode.operands import DecodeOperands, schedule_merge_inputs
+
+    seq_lens = LENGTH_SETS[name]
+    batch, heads = len(seq_lens), 4
+    config = _config(batch, num_heads=heads, num_sms=5)
+    p = config.problem
+    programs = config.schedule_programs
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((batch, heads, 576))
+    rows = rng.standard_normal((batch, p.capacity, 576))
+    schedule = _run_schedule(config, seq_lens)
+    *_, chunks = expected_schedule(seq_lens, p.capacity, programs, HOPPER_MLA_CHUNK_COST)
+
+    # Stage 1, as the scheduled Gluon kernel cuts it; unwritten slots hold NaN, which
+    # the merge must never read.
+    mid_o = torch.full(config.mid_o_shape, float("nan"))
+    mid_lse = torch.full(config.mid_lse_shape, float("nan"))
+    for program, mine in enumerate(chunks):
+        for b, lo, hi in mine:
+            end = min(hi * TILE, max(min(seq_lens[b], p.capacity), 0))
+            o, lse = _partials(q[b], rows[b], lo * TILE, end, p.sm_scale)
+            mid_o[b + program] = torch.from_numpy(o).float()
+            mid_lse[b + program] = torch.from_numpy(lse).float()
+
+    out = torch.full(p.out_shape, float("nan"), dtype=torch.bfloat16)
+    lse = torch.full(p.lse_shape, float("nan"))
+    ops = DecodeOperands(None, None, None, None, torch.tensor(seq_lens, dtype=torch.int32))
+    inputs = schedule_merge_inputs(ops, mid_o, mid_lse, torch.tensor(schedule, dtype=torch.int32))
+    run_interpreted(config.schedule_merge(config.contiguous_strides()), (*inputs, out, lse))
+
+    for b, n in enumerate(seq_lens):
+        n = min(max(n, 0), p.capacity)
+        want_o, want_lse = _partials(q[b], rows[b], 0, n, p.sm_scale)
+        np.testing.assert_allclose(out[b].float().numpy(), want_o, rtol=1e-2, atol=1e-2)
+        np.testing.assert_allclose(lse[b].numpy(), want_lse, rtol=1e-5, atol=1e-5)
