@@ -6,7 +6,8 @@ mean time (torch.profiler's CUDA activity) on benchmark rows.
 A call launches two or three kernels (stage 1 and stage 2; under the device-side
 schedule of the Gluon MLA stage 1, the schedule, stage 1 and the merge); the table says
 which of them the time is in, which ``benchmarks.bench``'s totals do not.
-``--device-schedule`` plans with it (the frontends do not yet) and launches through
+``--device-schedule`` and ``--hopper-multi-token`` plan with those options of
+``make_launch_config`` (the frontends do not use them yet) and launch through
 torch_bridge's launcher.
 """
 
@@ -19,7 +20,7 @@ from benchmarks.bench import _options, _problem_for, row_problem
 from benchmarks.suites import SUITES
 
 
-def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, device_schedule: bool = False):
+def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, **plan_options):
     """Mean device microseconds per call of each kernel one call of ``row`` launches."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -37,8 +38,8 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, device_
         return torch_bridge.decode_attention(*problem.arrays, num_kv_splits=num_kv_splits, **problem.extras,
                                              **_options(row))  # fmt: skip
 
-    if device_schedule:
-        config = make_launch_config(row_problem(row), device_info(problem.q.device), device_schedule=True)
+    if any(plan_options.values()):
+        config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
         ops = DecodeOperands(*problem.arrays)
         out = torch.empty(config.problem.out_shape, dtype=problem.q.dtype, device="cuda")
         lse = torch.empty(config.problem.lse_shape, dtype=torch.float32, device="cuda")
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="+", required=True, help="rows whose label contains one of these")
     parser.add_argument("--splits", type=int, default=None, help="fixed num_kv_splits (default: planned)")
     parser.add_argument("--device-schedule", action="store_true", help="the Gluon MLA stage 1's device-side schedule")
+    parser.add_argument("--hopper-multi-token", action="store_true", help="the Gluon MLA stage 1 for q_len > 1")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
     rows = [row for suite in SUITES.values() for row in suite() if any(text in row.label for text in args.rows)]
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         if row.label in seen:
             continue
         seen.add(row.label)
-        times = kernel_times(row, args.calls, args.splits, args.device_schedule)
+        options = dict(device_schedule=args.device_schedule, hopper_multi_token=args.hopper_multi_token)
+        times = kernel_times(row, args.calls, args.splits, **options)
         parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
         print(f"{row.label}: {sum(times.values()):.1f} us = {parts}")
     return 0

@@ -103,6 +103,8 @@ class MlaHopper:
         )  # fmt: skip
         if self.seesaw:
             del self.meta["NUM_STAGES"], self.meta["PIPELINE"]
+        else:  # one query token: no token axis
+            self.meta.update(STRIDE_MOT=0, STRIDE_MLT=0, Q_LEN=1)
         if direct:  # one split: stage 1 writes out and lse itself (split strides 0)
             assert num_kv_splits == 1
             self.meta.update(

@@ -64,6 +64,8 @@ def compile_for_sm90(pipeline: int, num_heads: int = 128, num_kv_splits: int = 4
     if pipeline == 2:
         del constexprs["NUM_STAGES"], constexprs["PIPELINE"]
         kernel, num_warps = _mla_stage1_hopper_seesaw, 4
+    else:  # one query token: no token axis
+        constexprs.update(STRIDE_MOT=0, STRIDE_MLT=0, Q_LEN=1)
     signature.update({name: "constexpr" for name in constexprs})
     source = GluonASTSource(kernel, signature, constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
@@ -138,14 +140,14 @@ def test_matches_oracle_on_awkward_input(pipeline, num_kv_splits):
 LENGTHS = (0, 1, 63, 65, 777, 1280, 64 * 20 - 1, 64 * 20)
 
 
-def _hopper_mla_problem(page_size: int, num_heads: int):
+def _hopper_mla_problem(page_size: int, num_heads: int, q_len: int | None = None):
     from benchmarks.inputs import TorchArrays
     from jax_decode.synthetic import make_paged_problem
 
     return make_paged_problem(
         batch=len(LENGTHS), num_heads=num_heads, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
         page_size=page_size, seq_lens=LENGTHS, dtype="bfloat16", mla=True, max_pages=64 * 20 // page_size,
-        spare_pages=5, arrays=TorchArrays("cuda"), seed=page_size + num_heads,
+        spare_pages=5, arrays=TorchArrays("cuda"), seed=page_size + num_heads, q_len=q_len,
     )  # fmt: skip
 
 
@@ -248,6 +250,49 @@ def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_heads, q_len, num_kv_splits", [(16, 2, None), (16, 4, 1), (128, 2, 3), (100, 3, None)])
+def test_multi_token_rows_match_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits):
+    """The Gluon stage 1 with (query token, head) rows (``hopper_multi_token``), causal
+    among the new tokens, rows shorter than q_len included: against the float64 oracle,
+    and both frontends' launchers bit-identical on one config."""
+    torch = _needs_hopper_path()
+    import jax
+    import numpy as np
+    from support import assert_matches_oracle
+
+    import torch_bridge
+    from jax_decode.backends import triton as triton_backend
+    from jax_decode.backends.triton import hopper_kernels_launchable
+    from jax_decode.launch import make_launch_config
+    from jax_decode.operands import DecodeOperands
+    from torch_bridge.launcher import _DECODE_LAUNCHERS, launch_decode
+    from torch_bridge.ops import device_info
+
+    problem = _hopper_mla_problem(64, num_heads, q_len)
+    q, k_cache, _, page_table, seq_lens = problem.arrays
+    mla = _mla(batch=len(LENGTHS), num_heads=num_heads, max_pages=page_table.shape[1], num_pages=k_cache.shape[0],
+               q_len=q_len, token_axis=True)  # fmt: skip
+    config = make_launch_config(mla, device_info(q.device), num_kv_splits, hopper_multi_token=True)
+    assert config.hopper_mla
+    out = torch.empty(mla.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(mla.lse_shape, dtype=torch.float32, device=q.device)
+    launch_decode(config, DecodeOperands(q, k_cache, None, page_table, seq_lens), None, None, out, lse)
+    torch.cuda.synchronize()
+    assert any(run.config == config and run.gluon is not None for run in _DECODE_LAUNCHERS.values())
+    host = problem.host_rows(list(range(len(LENGTHS))))
+    assert_matches_oracle(host, out.float().cpu().numpy().astype(np.float64),
+                          lse.cpu().numpy().astype(np.float64), mla=True)  # fmt: skip
+    if not hopper_kernels_launchable():
+        pytest.skip("jaxlib passes no TMA descriptors here")
+    arrays = [torch_bridge.to_jax(a) for a in (q, k_cache, page_table, seq_lens)]
+    step = jax.jit(lambda q, k, pt, sl: triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config))
+    jax_out, jax_lse = step(*arrays)
+    np.testing.assert_array_equal(np.asarray(jax_out.view(jax.numpy.uint16)), out.view(torch.int16).cpu().numpy()
+                                  .view(np.uint16))  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(jax_lse), lse.cpu().numpy())
+
+
+@pytest.mark.gpu
 def test_strided_q_falls_back_to_the_portable_stage1():
     """A q whose rows are not one stride apart is not TMA-addressable: the portable stage 1
     runs with the same splits, and the result still matches the oracle."""
@@ -290,7 +335,8 @@ def _plan(problem, hopper_kernels=True, num_kv_splits=None, device_schedule=True
     from jax_decode.launch import DeviceInfo, make_launch_config
 
     device = DeviceInfo(**{**H200, **device}, hopper_kernels=hopper_kernels)
-    return make_launch_config(problem, device, num_kv_splits, device_schedule=device_schedule)
+    return make_launch_config(problem, device, num_kv_splits, device_schedule=device_schedule,
+                              hopper_multi_token=problem.q_len > 1)  # fmt: skip
 
 
 def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
@@ -308,7 +354,6 @@ def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
         dict(logit_cap=30.0),
         dict(window_left=1000),
         dict(has_sinks=True),
-        dict(q_len=2, token_axis=True),
         dict(head_dim_qk=288, head_dim_v=256),
         dict(v_from_k=False),
     ):
@@ -357,6 +402,50 @@ def test_gluon_splits_hedge_around_the_measured_best(batch, num_heads, max_pages
     assert [view.operand for view in launch.tma] == ["q", "q", "k_cache", "k_cache"]
 
 
+def test_multi_token_rows_only_where_asked():
+    from jax_decode.launch import DeviceInfo, make_launch_config
+
+    device = DeviceInfo(**H200, hopper_kernels=True)
+    two = _mla(batch=8, num_heads=16, q_len=2, token_axis=True)
+    assert not make_launch_config(two, device).hopper_mla
+    config = make_launch_config(two, device, hopper_multi_token=True)
+    assert config.hopper_mla and not config.schedule_programs  # the schedule takes one token
+    strides = config.contiguous_strides()
+    launch = config.hopper_stage1(strides)
+    # 2 tokens x 16 heads = 32 rows: one 64-row block reads the latent once.
+    assert launch.grid == (1, 8, config.num_kv_splits)
+    assert launch.tma[0].rows == 8 * 2 * 16
+    assert dict(launch.constexprs)["Q_LEN"] == 2
+    import dataclasses
+
+    # Rows must be one stride apart across tokens too.
+    assert config.tma_ready(strides)
+    assert not config.tma_ready(dataclasses.replace(strides, tokens=(16 * 640, *strides.tokens[1:])))
+    big = make_launch_config(_mla(batch=8, num_heads=128, q_len=3, token_axis=True), device, hopper_multi_token=True)
+    assert big.hopper_stage1(big.contiguous_strides()).grid[0] == 6
+
+
+def test_gluon_constexprs_follow_the_kernel_parameters():
+    """torch's launcher passes a Gluon launch's constexprs by position: the launch config
+    must state them in the kernel's parameter order."""
+    import inspect
+
+    from jax_decode.kernels.gluon_compile import gluon_kernel
+
+    if _gluon_hopper_missing():
+        pytest.skip(_gluon_hopper_missing())
+    for config in (
+        _plan(_mla(batch=1)),
+        _plan(_mla(batch=4, num_heads=16)),
+        _plan(_mla(batch=4, num_heads=16), num_kv_splits=1),
+        _plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True)),
+    ):
+        launch = config.hopper_stage1(config.contiguous_strides())
+        names = list(inspect.signature(gluon_kernel(launch.kernel_name).fn).parameters)
+        runtime = [name for name, _ in launch.param_types]
+        assert names == runtime + [name for name, _ in launch.constexprs], launch.kernel_name
+
+
 def test_schedule_stays_within_int32_positions():
     # batch * (chunk cost + tiles of the capacity) must stay below 2**31.
     fits = _plan(_mla(batch=4096, num_heads=16, max_pages=2**13, num_pages=1000))
@@ -376,11 +465,12 @@ def test_tma_ready_needs_row_views():
     assert not config.tma_ready(dataclasses.replace(strides, k=(64 * 576 * 2, 576, 576)))  # every other page
 
 
-def _check_product_compile(batch, num_heads, page_size, num_kv_splits) -> None:
+def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1) -> None:
     from jax_decode.kernels.gluon_compile import compile_launch
 
-    config = _plan(_mla(batch=batch, num_heads=num_heads, page_size=page_size, max_pages=2048 // page_size),
-                   num_kv_splits=num_kv_splits)  # fmt: skip
+    problem = _mla(batch=batch, num_heads=num_heads, page_size=page_size, max_pages=2048 // page_size, q_len=q_len,
+                   token_axis=q_len > 1)  # fmt: skip
+    config = _plan(problem, num_kv_splits=num_kv_splits)
     kernel = compile_launch(config.hopper_stage1(config.contiguous_strides()), 90)
     ptx = kernel.asm["ptx"]
     assert kernel.metadata.shared <= SM90_SHARED_LIMIT, kernel.metadata.shared
@@ -393,15 +483,16 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits) -> None:
 
 
 @pytest.mark.parametrize(
-    "batch, num_heads, page_size, num_kv_splits",
-    # one pass (bf16 out), splits into float32 scratch, and the device-side schedule
-    [(4, 128, 64, 1), (3, 16, 128, 3), (5, 128, 64, None)],
+    "batch, num_heads, page_size, num_kv_splits, q_len",
+    # one pass (bf16 out), splits into float32 scratch, the device-side schedule, and
+    # (token, head) rows of several query tokens
+    [(4, 128, 64, 1, 1), (3, 16, 128, 3, 1), (5, 128, 64, None, 1), (3, 16, 64, 2, 2), (2, 16, 64, 1, 4)],
 )
-def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_splits):
+def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_splits, q_len):
     missing = _gluon_hopper_missing()
     if missing:
         pytest.skip(missing)
-    _run_isolated("_check_product_compile", batch, num_heads, page_size, num_kv_splits)
+    _run_isolated("_check_product_compile", batch, num_heads, page_size, num_kv_splits, q_len)
 
 
 def _check_jax_lowering(num_kv_splits) -> None:
@@ -427,6 +518,15 @@ def _check_jax_lowering(num_kv_splits) -> None:
             q, k, None, pt, sl, head_dim_v=512, num_kv_splits=num_kv_splits, return_lse=True, backend="triton"
         )
 
+    if num_kv_splits == "two tokens":
+        args = (sds((batch, 2, num_heads, 576), jnp.bfloat16), *args[1:])
+        config = _plan(_mla(batch=batch, num_heads=num_heads, max_pages=max_pages, num_pages=num_pages, q_len=2,
+                            token_axis=True), num_kv_splits=2)  # fmt: skip
+        assert config.hopper_mla
+
+        def step(q, k, pt, sl):  # noqa: F811 - the frontends do not plan (token, head) rows yet
+            return triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config)
+
     if num_kv_splits == "device":
         config = _plan(_mla(batch=batch, num_heads=num_heads, max_pages=max_pages, num_pages=num_pages))
         assert config.schedule_programs
@@ -440,12 +540,12 @@ def _check_jax_lowering(num_kv_splits) -> None:
     # The Gluon stage 1 takes q and the cache twice (latent and rope descriptors); one
     # split writes out and lse itself, more are merged by stage 2; the device-side
     # schedule adds its schedule kernel before stage 1 and merges with its own kernel.
-    assert len(calls) == {1: 1, 2: 2, "device": 3}[num_kv_splits], calls
+    assert len(calls) == {1: 1, 2: 2, "device": 3, "two tokens": 2}[num_kv_splits], calls
     gluon = calls[1] if num_kv_splits == "device" else calls[0]
     assert "(%arg0, %arg0, %arg1, %arg1, %arg2, %arg3" in gluon, gluon
 
 
-@pytest.mark.parametrize("num_kv_splits", [1, 2, "device"])
+@pytest.mark.parametrize("num_kv_splits", [1, 2, "device", "two tokens"])
 def test_jax_lowers_the_gluon_stage1_for_sm90(num_kv_splits):
     from jax_decode.backends.gluon_call import jaxlib_tma_missing
     from jax_decode.backends.triton import jax_triton_import_error

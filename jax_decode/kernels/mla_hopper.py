@@ -71,6 +71,10 @@ Splits: ``seq_len`` is cut into ``NUM_KV_SPLITS`` contiguous parts of whole 64-t
 tiles (the ``split_bounds`` rule with ``BLOCK_N = 64``); stage 2 needs only each
 split's normalised output and LSE.
 
+Several query tokens (``Q_LEN > 1``, fixed splits only): a program's 64 rows are
+(query token, head) pairs, token-major as q lays them out, each masked to its own
+causal limit ``seq_len - Q_LEN + token + 1``; the K tiles are shared by all of them.
+
 ``_mla_stage1_hopper_scheduled`` runs the same chunk code (``_attend_chunk``) under the
 device-side schedule of :mod:`jax_decode.kernels.schedule`: one wave of programs per
 head block, each attending in turn to the chunks of its share of the batch's work and
@@ -169,13 +173,17 @@ def _attend_chunk(
     k_bars,
     page_row_ptr,  # this batch row's page-table row
     num_pages,
-    q_row,  # TMA row of the first of this program's 64 query heads
+    q_row,  # TMA row of the first of this program's 64 query rows
     start,  # first token (a multiple of 64)
     end,  # one past the last token
+    first_row,  # with Q_LEN > 1: the first of the program's rows (token * NUM_HEADS + head)
+    seq_len,  # with Q_LEN > 1: the batch row's length, for the causal limits
     SM_SCALE: gl.constexpr,
     PAGE_SIZE: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     PIPELINE: gl.constexpr,
+    Q_LEN: gl.constexpr,  # query tokens per batch row: rows are (token, head) pairs
+    NUM_HEADS: gl.constexpr,
 ):
     """Attention of 64 query heads over tokens ``[start, end)`` of one batch row: the
     normalised output ([64, 512] f32, in the P V accumulator's layout) and the LSE
@@ -219,6 +227,10 @@ def _attend_chunk(
     acc = gl.zeros([BLOCK_H, HEAD_DIM_V], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    if Q_LEN > 1:
+        # Query token t of the row's last Q_LEN sees the positions before its own and itself.
+        tokens = (first_row + gl.arange(0, BLOCK_H, layout=s_rows)) // NUM_HEADS
+        row_limit = gl.minimum(seq_len - Q_LEN + tokens + 1, end)
 
     mbarrier.wait(q_bar, 0)
     if PIPELINE:
@@ -251,7 +263,11 @@ def _attend_chunk(
             s = warpgroup_mma_wait(0, deps=(s,))
 
         valid = ((tile_start + offs_n) < end) & ok_cur
-        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        if Q_LEN > 1:
+            s = gl.where(valid[None, :] & ((tile_start + offs_n)[None, :] < row_limit[:, None]), s * qk_scale,
+                         float("-inf"))  # fmt: skip
+        else:
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_safe)
@@ -310,16 +326,23 @@ def _attend_chunk(
 
 @gluon.jit
 def _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, head_block, STRIDE_MOH, STRIDE_MLH,
-                 NUM_HEADS: gl.constexpr):  # fmt: skip
-    """Store one chunk's output rows (cast to the output's dtype) and LSE for the real heads."""
+                 NUM_HEADS: gl.constexpr, Q_LEN: gl.constexpr = 1, STRIDE_MOT=0, STRIDE_MLT=0):  # fmt: skip
+    """Store one chunk's output rows (cast to the output's dtype) and LSE for the real
+    rows: heads, or with Q_LEN > 1 (token, head) pairs, token-major."""
     BLOCK_H: gl.constexpr = o.shape[0]
     heads_o = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o.type.layout))
     cols = gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, o.type.layout))
-    rows = o_base + heads_o.to(gl.int64) * STRIDE_MOH
-    o = o.to(mid_o_ptr.dtype.element_ty)
-    gl.store(mid_o_ptr + rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
     heads_s = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=lse.type.layout)
-    gl.store(mid_lse_ptr + lse_base + heads_s * STRIDE_MLH, lse, mask=heads_s < NUM_HEADS)
+    o = o.to(mid_o_ptr.dtype.element_ty)
+    if Q_LEN > 1:
+        rows_o = o_base + (heads_o // NUM_HEADS).to(gl.int64) * STRIDE_MOT + (heads_o % NUM_HEADS) * STRIDE_MOH
+        gl.store(mid_o_ptr + rows_o[:, None] + cols[None, :], o, mask=(heads_o < Q_LEN * NUM_HEADS)[:, None])
+        rows_s = lse_base + (heads_s // NUM_HEADS) * STRIDE_MLT + (heads_s % NUM_HEADS) * STRIDE_MLH
+        gl.store(mid_lse_ptr + rows_s, lse, mask=heads_s < Q_LEN * NUM_HEADS)
+    else:
+        rows = o_base + heads_o.to(gl.int64) * STRIDE_MOH
+        gl.store(mid_o_ptr + rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
+        gl.store(mid_lse_ptr + lse_base + heads_s * STRIDE_MLH, lse, mask=heads_s < NUM_HEADS)
 
 
 @gluon.jit
@@ -360,13 +383,15 @@ def _mla_stage1_hopper(
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
-    mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v] (or the final out, see below)
-    mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits] (or the final lse)
+    mid_o_ptr,  # f32 [batch, (q_len,) num_heads, num_kv_splits, head_dim_v] (or the final out, see below)
+    mid_lse_ptr,  # f32 [batch, (q_len,) num_heads, num_kv_splits] (or the final lse)
     STRIDE_PTB: gl.constexpr,
     STRIDE_MOB: gl.constexpr,
+    STRIDE_MOT: gl.constexpr,  # the token axis (Q_LEN > 1)
     STRIDE_MOH: gl.constexpr,
     STRIDE_MOS: gl.constexpr,
     STRIDE_MLB: gl.constexpr,
+    STRIDE_MLT: gl.constexpr,
     STRIDE_MLH: gl.constexpr,
     STRIDE_MLS: gl.constexpr,
     SM_SCALE: gl.constexpr,
@@ -376,8 +401,11 @@ def _mla_stage1_hopper(
     NUM_KV_SPLITS: gl.constexpr,
     NUM_STAGES: gl.constexpr,  # K tiles in the TMA ring: 2 (what shared memory holds)
     PIPELINE: gl.constexpr,  # 1: the next tile's Q K^T is issued right behind this tile's P V
+    Q_LEN: gl.constexpr = 1,  # query tokens per batch row; rows are (token, head) pairs
 ):
-    """Fixed splits: one program per (head block, batch row, split)."""
+    """Fixed splits: one program per (block of 64 rows, batch row, split); a row is a
+    query head, or with Q_LEN > 1 a (query token, head) pair, token-major as q lays
+    them out."""
     _check_shapes(q_desc, qr_desc, k_desc, PAGE_SIZE, NUM_STAGES)
     head_block = gl.program_id(0)
     batch_idx = gl.program_id(1).to(gl.int64)
@@ -390,15 +418,16 @@ def _mla_stage1_hopper(
     end = gl.minimum(start + per_split, seq_len)
 
     q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES)
-    q_row = (batch_idx * NUM_HEADS).to(gl.int32) + head_block * 64
+    q_row = (batch_idx * (Q_LEN * NUM_HEADS)).to(gl.int32) + head_block * 64
     o, lse = _attend_chunk(
         q_desc, qr_desc, k_desc, kr_desc, q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars,
-        page_table_ptr + batch_idx * STRIDE_PTB, num_pages, q_row, start, end,
-        SM_SCALE, PAGE_SIZE, NUM_STAGES, PIPELINE,
+        page_table_ptr + batch_idx * STRIDE_PTB, num_pages, q_row, start, end, head_block * 64, seq_len,
+        SM_SCALE, PAGE_SIZE, NUM_STAGES, PIPELINE, Q_LEN, NUM_HEADS,
     )  # fmt: skip
     o_base = batch_idx * STRIDE_MOB + split_idx * STRIDE_MOS
     lse_base = batch_idx * STRIDE_MLB + split_idx * STRIDE_MLS
-    _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, head_block, STRIDE_MOH, STRIDE_MLH, NUM_HEADS)
+    _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, head_block, STRIDE_MOH, STRIDE_MLH, NUM_HEADS,
+                 Q_LEN, STRIDE_MOT, STRIDE_MLT)  # fmt: skip
 
 
 @gluon.jit
@@ -450,7 +479,7 @@ def _mla_stage1_hopper_scheduled(
         o, lse = _attend_chunk(
             q_desc, qr_desc, k_desc, kr_desc, q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars,
             page_table_ptr + row64 * STRIDE_PTB, num_pages, q_row, tile_lo * 64, gl.minimum(tile_hi * 64, seq_len),
-            SM_SCALE, PAGE_SIZE, NUM_STAGES, PIPELINE,
+            0, seq_len, SM_SCALE, PAGE_SIZE, NUM_STAGES, PIPELINE, 1, NUM_HEADS,
         )  # fmt: skip
         slot = row64 + gl.program_id(1)
         _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, slot * (NUM_HEADS * 512), slot * NUM_HEADS, gl.program_id(0), 512,

@@ -282,12 +282,14 @@ class LaunchConfig:
 
     def tma_ready(self, strides: KernelStrides) -> bool:
         """Whether q and the cache are row views a TMA descriptor can address: q's rows
-        (batch, head) and the cache's rows (page, slot) each one row stride apart, every
-        row stride a multiple of 16 bytes.  (Base addresses must be 16-byte aligned too;
-        JAX's always are, torch's launcher checks.)"""
+        (batch, token, head) and the cache's rows (page, slot) each one row stride apart,
+        every row stride a multiple of 16 bytes.  (Base addresses must be 16-byte aligned
+        too; JAX's always are, torch's launcher checks.)"""
         p = self.problem
+        tokens_ok = p.q_len == 1 or strides.tokens[0] == p.num_heads * strides.q[1]
         return (
-            strides.q[0] == p.num_heads * strides.q[1]
+            strides.q[0] == p.q_len * p.num_heads * strides.q[1]
+            and tokens_ok
             and strides.k[0] == p.page_size * strides.k[1]
             and strides.q[1] % 8 == 0
             and strides.k[1] % 8 == 0
@@ -302,7 +304,7 @@ class LaunchConfig:
         assert self.hopper_mla and self.tma_ready(strides)
         p = self.problem
         latent, rope = (HOPPER_MLA_ROWS, p.head_dim_v), (HOPPER_MLA_ROWS, p.head_dim_qk - p.head_dim_v)
-        q_rows, k_rows = p.batch * p.num_heads, p.num_pages * p.page_size
+        q_rows, k_rows = p.batch * p.q_len * p.num_heads, p.num_pages * p.page_size
         tma = (
             TmaView("q", q_rows, p.head_dim_qk, strides.q[1], latent),
             TmaView("q", q_rows, p.head_dim_qk, strides.q[1], rope),
@@ -330,14 +332,19 @@ class LaunchConfig:
             return KernelLaunch("mla_hopper_scheduled", grid, 8, 1, tuple(meta.items()), params, tma)
         if self.one_pass:
             mid_o, mid_lse, out_type = (*strides.out, 0), (*strides.lse, 0), _POINTER[p.dtype]
+            mid_tokens = strides.tokens[3:5]
         else:
             mid_o, mid_lse, out_type = strides.mid_o, strides.mid_lse, "*fp32"
+            mid_tokens = strides.tokens[1:3]
+        # In the kernel's parameter order (torch's launcher passes them by position).
         meta = dict(
             STRIDE_PTB=strides.page_table,
             STRIDE_MOB=mid_o[0],
+            STRIDE_MOT=mid_tokens[0],
             STRIDE_MOH=mid_o[1],
             STRIDE_MOS=mid_o[2],
             STRIDE_MLB=mid_lse[0],
+            STRIDE_MLT=mid_tokens[1],
             STRIDE_MLH=mid_lse[1],
             STRIDE_MLS=mid_lse[2],
             SM_SCALE=float(p.sm_scale),
@@ -347,12 +354,13 @@ class LaunchConfig:
             NUM_KV_SPLITS=self.num_kv_splits,
             NUM_STAGES=2,
             PIPELINE=1,
+            Q_LEN=p.q_len,
         )
         params = (
             *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("num_pages", "i32"),
             ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
         )  # fmt: skip
-        grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
+        grid = (cdiv(p.q_len * p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
         return KernelLaunch("mla_hopper", grid, 8, 1, tuple(meta.items()), params, tma)
 
     @property

@@ -144,10 +144,11 @@ def _tensor_core_blocks(p: DecodeProblem, device: DeviceInfo) -> bool:
     )
 
 
-def _hopper_mla(p: DecodeProblem, device: DeviceInfo) -> bool:
+def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool) -> bool:
     """What the Gluon sm_90 MLA stage 1 computes: one latent KV head of 576 = 512 + 64
-    with V its first 512 columns, bfloat16 throughout, one query token, no soft-cap,
-    window or sinks, pages of whole 64-token tiles, and TMA's 32-bit row coordinates."""
+    with V its first 512 columns, bfloat16 throughout, no soft-cap, window or sinks,
+    pages of whole 64-token tiles, and TMA's 32-bit row coordinates; one query token, or
+    several where ``multi_token``."""
     return (
         device.hopper_kernels
         and device.vendor == "nvidia"
@@ -157,13 +158,13 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo) -> bool:
         and (p.head_dim_qk, p.head_dim_v) == (576, 512)
         and p.dtype == p.cache_dtype == "bfloat16"
         and p.k_scale == p.v_scale == SCALE_NONE
-        and p.q_len == 1
+        and (p.q_len == 1 or multi_token)
         and p.logit_cap == 0
         and p.window_left < 0
         and not p.has_sinks
         and p.page_size % HOPPER_MLA_TILE == 0
         and 0 < p.num_pages * p.page_size <= 2**31 - 1
-        and p.batch * p.num_heads <= 2**31 - 1
+        and p.batch * p.q_len * p.num_heads <= 2**31 - 1
     )
 
 
@@ -175,7 +176,7 @@ HOPPER_MLA_THREADS, HOPPER_MLA_REGISTERS, HOPPER_MLA_SHARED = 256, 235, 229912
 
 def hopper_mla_program(p: DecodeProblem) -> ProgramShape:
     """The cost model's view of one program of the Gluon MLA stage 1."""
-    heads = min(HOPPER_MLA_ROWS, p.num_heads)
+    heads = min(HOPPER_MLA_ROWS, p.rows_per_kv_head)
     return ProgramShape(
         threads=HOPPER_MLA_THREADS,
         registers=HOPPER_MLA_REGISTERS,
@@ -196,7 +197,7 @@ def hopper_mla_splits(p: DecodeProblem, device: DeviceInfo) -> int:
     128 heads and of b64 ctx4k at 16 on the H200; one wave alone left a long-tailed
     batch's longest row to one or two programs (DeepSeek-V3 TP8 b64 with mean length
     2048: 208 us on the H100, vLLM 131)."""
-    return choose_splits(p, device, hopper_mla_program(p), cdiv(p.num_heads, HOPPER_MLA_ROWS), HOPPER_MLA_TILE)
+    return choose_splits(p, device, hopper_mla_program(p), cdiv(p.rows_per_kv_head, HOPPER_MLA_ROWS), HOPPER_MLA_TILE)
 
 
 def hopper_mla_schedule_programs(p: DecodeProblem, device: DeviceInfo) -> int:
@@ -204,7 +205,7 @@ def hopper_mla_schedule_programs(p: DecodeProblem, device: DeviceInfo) -> int:
     (0: fixed splits).  One wave: a program fills an SM.  A batch of one row has no
     tail to balance, so its fixed splits do the same work without the schedule's two
     extra launches; the schedule's int32 positions must not overflow."""
-    if p.batch <= 1:
+    if p.batch <= 1 or p.q_len > 1:
         return 0
     positions = p.batch * (HOPPER_MLA_CHUNK_COST + cdiv(p.capacity, HOPPER_MLA_TILE))
     if positions >= 2**31:
@@ -254,7 +255,12 @@ def check_cache_dtype_on_device(cache_dtype: str, device: DeviceInfo | None) -> 
 
 
 def make_launch_config(
-    problem: DecodeProblem, device: DeviceInfo, num_kv_splits: int | None = None, *, device_schedule: bool = False
+    problem: DecodeProblem,
+    device: DeviceInfo,
+    num_kv_splits: int | None = None,
+    *,
+    device_schedule: bool = False,
+    hopper_multi_token: bool = False,
 ) -> LaunchConfig:
     """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one.
 
@@ -262,6 +268,8 @@ def make_launch_config(
     run it under the device-side schedule instead (:func:`hopper_mla_schedule_programs`).
     Off in the frontends until it is measured no slower than fixed splits on uniform
     batches (docs/performance.md); benchmarks and tests ask for it.
+    ``hopper_multi_token``: let the Gluon MLA stage 1 take several query tokens per row
+    (its rows (token, head) pairs); off in the frontends until it has run on a GPU.
     """
     p = problem
     check_cache_dtype_on_device(p.cache_dtype, device)
@@ -303,7 +311,7 @@ def make_launch_config(
         # per program only add issue slots the memory system cannot feed.
         num_warps = 4
 
-    hopper_mla = _hopper_mla(p, device)
+    hopper_mla = _hopper_mla(p, device, hopper_multi_token)
     schedule_programs = 0
     if num_kv_splits is None and hopper_mla:
         num_kv_splits = hopper_mla_splits(p, device)
