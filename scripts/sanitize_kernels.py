@@ -14,6 +14,12 @@ row, NaN/inf in q and the cache, and non-contiguous torch views of every input -
 through torch_bridge (the compiled kernels; the JAX path launches the same binaries).
 Each run's output is also checked against the float64 oracle, which implements the
 documented semantics for these inputs.
+
+``--hopper`` (an sm_90 GPU): the Gluon MLA stage 1 instead -- bf16 MLA with 64-token
+pages at 16 and 128 heads, fixed splits, one pass, the device-side schedule and
+(token, head) rows -- with the same adversarial inputs.  Its barriers are placed by
+hand, so run it under racecheck and synccheck too (``TOOL=racecheck
+scripts/sanitize.sh --hopper``).
 """
 
 from __future__ import annotations
@@ -102,7 +108,69 @@ def run_case(case: Case, variant: str, views: bool) -> None:
     np.testing.assert_allclose(lse.cpu().numpy(), expected_lse, atol=1e-4, rtol=1e-5)
 
 
+def run_planned(case: Case, variant: str, views: bool, **plan_options) -> None:
+    """``run_case`` through torch_bridge's launcher with a config planned with
+    ``plan_options`` of ``make_launch_config`` (which the frontends do not pass)."""
+    from jax_decode.launch import make_launch_config
+    from jax_decode.operands import DecodeOperands, Spec
+    from jax_decode.prepare import DECODE_NAMES, DecodeOptions, decode_problem
+    from torch_bridge.launcher import launch_decode
+    from torch_bridge.ops import device_info
+
+    problem = case.problem()
+    expect_nan = _adversarial(problem, variant)
+    q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
+    if views:
+        q, k, v, pt, sl = _views(q, k, v, pt, sl)
+    specs = DecodeOperands(*(None if a is None else Spec(tuple(a.shape), a.dtype) for a in problem.arrays))
+    decode = decode_problem(specs, DecodeOptions(problem.head_dim_v, None, case.logit_cap, None), DECODE_NAMES)
+    config = make_launch_config(decode, device_info(q.device), case.num_kv_splits, **plan_options)
+    out = torch.empty(decode.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(decode.lse_shape, dtype=torch.float32, device=q.device)
+    launch_decode(config, DecodeOperands(q, k, v, pt, sl), None, None, out, lse)
+    expected, expected_lse = decode_attention_reference(*problem.arrays, head_dim_v=problem.head_dim_v)
+    got, lse = out.float().cpu().numpy(), lse.cpu().numpy()
+    if expect_nan:  # only the poisoned rows may be NaN
+        rows = [0, 1][: len(got) - 2]
+        got, expected, lse, expected_lse = got[rows], expected[rows], lse[rows], expected_lse[rows]
+    tol = OUT_TOL[problem.q.dtype.name]
+    np.testing.assert_allclose(got, expected, atol=tol, rtol=tol)
+    np.testing.assert_allclose(lse, expected_lse, atol=1e-4, rtol=1e-5)
+
+
+def hopper_main() -> None:
+    """The Gluon MLA stage 1's configurations (see the module docstring)."""
+    from jax_decode.kernels.gluon_compile import hopper_kernels_usable
+
+    if DEVICE != "cuda" or torch.cuda.get_device_capability() != (9, 0) or not hopper_kernels_usable():
+        raise SystemExit("--hopper needs an sm_90 GPU and a Triton with Gluon's Hopper API")
+    base = Case(num_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, page_size=64, max_pages=3,
+                dtype="bfloat16", mla=True)  # fmt: skip
+    cases = [
+        (dataclasses.replace(base, num_heads=heads, num_kv_splits=splits), {})
+        for heads in (16, 128)
+        for splits in (None, 1, 3)
+    ]
+    cases.append((dataclasses.replace(base, page_size=128, max_pages=2, num_kv_splits=None), {}))
+    cases.append((dataclasses.replace(base, num_kv_splits=None), dict(device_schedule=True)))
+    cases.append((dataclasses.replace(base, num_heads=128, num_kv_splits=None), dict(device_schedule=True)))
+    cases.append((dataclasses.replace(base, q_len=2, num_kv_splits=None), dict(hopper_multi_token=True)))
+    cases.append((dataclasses.replace(base, q_len=4, num_kv_splits=1), dict(hopper_multi_token=True)))
+    variants = ["valid", "bad_page_ids", "bad_lengths", "narrow_page_table", "nan_inf"]
+    runs = 0
+    for case, plan_options in cases:
+        for variant in variants:
+            for views in (False, True):  # strided q is not TMA-addressable: the portable stand-in
+                run_planned(case, variant, views, **plan_options)
+                runs += 1
+        print(f"{case.id} {plan_options or ''}: ok", flush=True)
+    print(f"sanitize_kernels --hopper: {runs} runs, all matched the oracle")
+
+
 def main() -> None:
+    if "--hopper" in sys.argv:
+        hopper_main()
+        return
     # The configuration matrix, then fp8 caches, windows and sinks.
     if "--quick" in sys.argv:
         cases = MATRIX[:3] + FEATURES[:3]
