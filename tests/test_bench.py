@@ -198,3 +198,80 @@ def test_performance_doc_multi_token_tables_are_the_checked_in_run():
         for line in rendered.splitlines():
             assert line in doc, line
     assert table.multi_token_markdown(run["results"]).count("\n") == 2 + 8 - 1  # head, rule, 8 workloads
+
+
+def test_fa3_jax_is_a_column_that_says_why_it_does_not_run():
+    """FlashAttention-3's JAX binding is an implementation to ask for; where it cannot run
+    (not installed: a cp312 wheel for Hopper; no Hopper GPU; a row it does not support)
+    its column is a skip with the reason, not a crash."""
+    assert "fa3_jax" in bench.IMPLEMENTATIONS and "fa3_jax" not in bench.DEFAULT_IMPLS
+    listed = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--impls", "jax_decode,fa3_jax", "--list"],
+                            capture_output=True, text=True)  # fmt: skip
+    assert listed.returncode == 0 and "unknown" not in listed.stderr
+    assert min(bench.FA3_SPLITS) == 1  # the binding refuses num_splits < 1 (no "0 = heuristic")
+
+    llama = next(r for r in suites.model_suite() if r.name == "Llama-3.1-8B" and not r.kv_dtype)
+    kind, payload = bench._implementations(llama, ("fa3_jax",), ())["fa3_jax"]
+    try:
+        import flash_attn3_jax  # noqa: F401
+    except Exception as error:
+        assert (kind, payload) == ("skip", f"no import: {type(error).__name__}")
+    else:
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+            assert (kind, payload) == ("skip", "needs Hopper (sm_90)")
+        else:
+            assert kind == "jax splits" and tuple(payload) == bench.FA3_SPLITS
+
+    def reason(row):
+        return bench._fa3_jax(row)
+
+    rows = suites.model_suite()
+    assert reason(next(r for r in rows if r.mla)) == ("skip", "unsupported: MLA")
+    assert reason(next(r for r in rows if r.kv_dtype and not r.mla)) == ("skip", "unsupported: fp8 cache")
+    assert reason(next(r for r in rows if r.sinks)) == ("skip", "unsupported: sinks")
+    assert reason(next(r for r in rows if r.name == "Gemma-2-9B")) == ("skip", "unsupported: head dim 256")
+    assert reason(dataclasses.replace(llama, logit_cap=30.0)) == ("skip", "unsupported: soft-cap")
+    assert reason(dataclasses.replace(llama, dtype="float32")) == ("skip", "unsupported: float32")
+    assert bench._fa3_jax_unsupported(next(r for r in rows if r.name == "Mistral-7B")) is None  # windows run
+    assert bench._fa3_jax_unsupported(next(r for r in rows if r.name == "Phi-3-mini")) is None  # d96 <= 128
+
+
+def test_fa3_jax_call_lowers_for_cuda_with_our_layout_and_window():
+    """Where the binding imports (Python 3.12) and JAX can lower for CUDA, our call
+    through flash_mha_with_kvcache traces to its custom call with the row's scale,
+    window and split count, and returns q's shape (one token: [batch, heads, d])."""
+    import re
+
+    import jax
+
+    fa3 = pytest.importorskip("flash_attn3_jax")
+    rows = [r for r in suites.core_suite() if r.window_left is not None]
+    rows += [next(r for r in suites.multi_token_suite() if r.q_len > 1 and r.name == "Llama-3.1-8B")]
+    for row in rows:
+        spec = bench._problem_for(dataclasses.replace(row, batch=2), SpecArrays())
+        args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in spec.arrays]
+        call = bench.fa3_jax_call(row, 16, fa3.flash_mha_with_kvcache)
+        out = jax.eval_shape(call, *args)
+        assert out.shape == args[0].shape and out.dtype == args[0].dtype
+        try:
+            text = jax.jit(call).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        except Exception as error:  # no CUDA plugin to lower with
+            pytest.skip(f"cannot lower for CUDA here: {type(error).__name__}")
+        line = next(line for line in text.splitlines() if "custom_call @flash_mha_fwd" in line)
+        assert "num_splits = 16" in line
+        assert f"is_causal = {'true' if row.q_len > 1 else 'false'}" in line
+        left = -1 if row.window_left is None else row.window_left
+        assert re.search(rf"window_size_left = {left}\b", line)
+        assert re.search(r"softmax_scale_val = 0\.0883883", line)
+
+
+def test_summary_compares_jax_decode_with_fa3_jax():
+    def result(**impls):
+        return dict(suite="models", impls={k: dict(ms=v, pct_roofline=10.0) for k, v in impls.items()})
+
+    summary = bench.summarize([result(jax_decode=1.0, fa3_jax=2.0), result(jax_decode=3.0, fa3_jax=2.0),
+                               result(jax_decode=1.0)])  # fmt: skip
+    ratio = summary["models"]["jax_decode_vs_fa3_jax"]
+    assert ratio == dict(rows=2, worst=pytest.approx(1.5), no_slower=1, geomean=pytest.approx(0.75**0.5))

@@ -349,6 +349,7 @@ def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
     for changes in (
         dict(page_size=16, max_pages=256),  # a 64-token tile would span pages
         dict(page_size=1, max_pages=4096),
+        dict(max_pages=0),  # no page-table entry to read
         dict(dtype="float16"),
         dict(kv_dtype="float8_e4m3fn"),
         dict(logit_cap=30.0),
@@ -452,6 +453,10 @@ def test_schedule_stays_within_int32_positions():
     assert fits.hopper_mla and fits.schedule_programs
     too_many = _plan(_mla(batch=4096, num_heads=16, max_pages=2**19, num_pages=1000))
     assert too_many.hopper_mla and not too_many.schedule_programs
+    # Just below 2**31 positions, but the kernel's rounded-up divisions would pass it.
+    edge = _plan(_mla(batch=128, num_heads=128, page_size=640, max_pages=1677721, num_pages=1000))
+    assert 128 * (5 + math.ceil(640 * 1677721 / 64)) < 2**31
+    assert edge.hopper_mla and not edge.schedule_programs
 
 
 def test_tma_ready_needs_row_views():
@@ -463,6 +468,8 @@ def test_tma_ready_needs_row_views():
     assert not config.tma_ready(dataclasses.replace(strides, q=(128 * 640, 640 + 4)))  # rows 1288 bytes apart
     assert not config.tma_ready(dataclasses.replace(strides, q=(128 * 640 + 8, 640)))  # batch gap
     assert not config.tma_ready(dataclasses.replace(strides, k=(64 * 576 * 2, 576, 576)))  # every other page
+    assert not config.tma_ready(dataclasses.replace(strides, q=(0, 0)))  # a broadcast q
+    assert not config.tma_ready(dataclasses.replace(strides, q=(128 * 8, 8)))  # overlapping rows
 
 
 def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1) -> None:

@@ -136,7 +136,10 @@ class GluonLauncher:
 
         major, minor = torch.cuda.get_device_capability(device_index)
         self.launch = launch
-        self.runner = compile_launch(launch, major * 10 + minor)[launch.grid]
+        kernel = compile_launch(launch, major * 10 + minor, device_index)
+        with torch.cuda.device(device_index):  # load the module on this device, not the current one
+            kernel._init_handles()
+        self.runner = kernel[launch.grid]
         self.constexpr_values = tuple(value for _, value in launch.constexprs)
         self.descriptor = TensorDescriptor
         self.views = tuple(
@@ -236,8 +239,8 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
     # Keyed on raw stride tuples: cheaper per call than building KernelStrides.
     v = ops.k_cache if config.problem.v_from_k else ops.v_cache
     mid = None if mid_o is None else (mid_o.stride(), mid_lse.stride())
-    key = (config, ops.q.stride(), ops.k_cache.stride(), v.stride(), ops.page_table.stride(), mid, out.stride(),
-           lse.stride())  # fmt: skip
+    key = (config, ops.q.get_device(), ops.q.stride(), ops.k_cache.stride(), v.stride(), ops.page_table.stride(), mid,
+           out.stride(), lse.stride())  # fmt: skip
     run = _DECODE_LAUNCHERS.get(key)
     if run is None:
         if len(_DECODE_LAUNCHERS) >= MAX_CACHED_LAUNCHES:

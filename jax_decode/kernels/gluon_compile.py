@@ -74,9 +74,11 @@ def signature(launch) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=256)
-def compile_launch(launch, compute_capability: int):
+def compile_launch(launch, compute_capability: int, device_index: int | None = None):
     """``launch``'s kernel compiled for ``sm_<compute_capability>`` (a CompiledKernel;
-    Triton's own cache keeps it across processes).  Needs no GPU."""
+    Triton's own cache keeps it across processes).  Needs no GPU.  A CompiledKernel
+    loads its module on one device, the first it runs on: a launcher per device passes
+    ``device_index`` for an object of its own."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend

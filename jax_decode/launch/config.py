@@ -283,7 +283,8 @@ class LaunchConfig:
     def tma_ready(self, strides: KernelStrides) -> bool:
         """Whether q and the cache are row views a TMA descriptor can address: q's rows
         (batch, token, head) and the cache's rows (page, slot) each one row stride apart,
-        every row stride a multiple of 16 bytes.  (Base addresses must be 16-byte aligned
+        every row stride a multiple of 16 bytes and at least a row wide (a broadcast or
+        overlapping view is not a TMA row view).  (Base addresses must be 16-byte aligned
         too; JAX's always are, torch's launcher checks.)"""
         p = self.problem
         tokens_ok = p.q_len == 1 or strides.tokens[0] == p.num_heads * strides.q[1]
@@ -293,6 +294,8 @@ class LaunchConfig:
             and strides.k[0] == p.page_size * strides.k[1]
             and strides.q[1] % 8 == 0
             and strides.k[1] % 8 == 0
+            and strides.q[1] >= p.head_dim_qk
+            and strides.k[1] >= p.head_dim_qk
         )
 
     def hopper_stage1(self, strides: KernelStrides) -> KernelLaunch:

@@ -163,6 +163,7 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool) -> bool
         and p.window_left < 0
         and not p.has_sinks
         and p.page_size % HOPPER_MLA_TILE == 0
+        and p.capacity > 0  # its page walk reads a row's first page-table entry unmasked
         and 0 < p.num_pages * p.page_size <= 2**31 - 1
         and p.batch * p.q_len * p.num_heads <= 2**31 - 1
     )
@@ -207,10 +208,13 @@ def hopper_mla_schedule_programs(p: DecodeProblem, device: DeviceInfo) -> int:
     extra launches; the schedule's int32 positions must not overflow."""
     if p.batch <= 1 or p.q_len > 1:
         return 0
+    programs = max(1, device.num_sms // cdiv(p.num_heads, HOPPER_MLA_ROWS))
     positions = p.batch * (HOPPER_MLA_CHUNK_COST + cdiv(p.capacity, HOPPER_MLA_TILE))
-    if positions >= 2**31:
+    # The schedule kernel's rounded-up divisions add up to a share (and the programs) to
+    # the positions before dividing.
+    if positions + cdiv(positions, programs) + programs >= 2**31:
         return 0
-    return max(1, device.num_sms // cdiv(p.num_heads, HOPPER_MLA_ROWS))
+    return programs
 
 
 def _wide_heads(block_dmodel: int, block_dpe: int) -> bool:
