@@ -12,7 +12,13 @@ Measures, in one run: the copy bandwidth and the bf16 matmul throughput of the G
   ``num_kv_splits`` of :data:`VLLM_SPLITS`;
 * ``flashmla``: FlashMLA (``flash_mla``, e.g. ``sgl-flash-mla``; SM90 dense bf16 MLA,
   576/512, page size 64) on the MLA rows it supports, where it imports;
-* ``pallas`` (JAX's GPU ``paged_attention``) and ``xla`` where asked for.
+* ``pallas`` (JAX's GPU ``paged_attention``) and ``xla`` where asked for;
+* ``fa3_jax`` where asked for: FlashAttention-3's JAX binding
+  (``flash_attn3_jax.flash_mha_with_kvcache`` of ``flash-attn3-jax`` 0.2.3; Python 3.12,
+  Hopper) jitted on the same JAX arrays as ``jax_decode`` and timed the same way, at its
+  best ``num_splits`` of :data:`FA3_SPLITS`, on the rows it runs (16-bit q and cache,
+  head dim <= 128; no fp8 cache, MLA, sinks or soft-cap; windows and several query
+  tokens yes).
 
 Every output is checked against the float64 oracle (on two rows) before it is timed; a
 wrong one is reported and not timed.  Time is device time by default -- torch replays a
@@ -23,6 +29,7 @@ reached; the summary gives geometric means per suite.  Writes ``bench.json`` and
 ``bench.png`` to ``--out``.
 
     python -m benchmarks.bench --suite core --impls torch_bridge,jax_decode,vllm
+    python -m benchmarks.bench --suite models --impls jax_decode,fa3_jax --out fa3_out
     python -m benchmarks.bench --suite models --out bench_out
 """
 
@@ -41,10 +48,13 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch
 
 from benchmarks.suites import SUITES, Row  # noqa: E402
 
-IMPLEMENTATIONS = ("torch_bridge", "best split", "jax_decode", "vllm", "flashmla", "pallas", "xla")
+IMPLEMENTATIONS = ("torch_bridge", "best split", "jax_decode", "vllm", "flashmla", "pallas", "fa3_jax", "xla")
 DEFAULT_IMPLS = ("torch_bridge", "best split", "jax_decode", "vllm", "flashmla")
 SPLIT_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 VLLM_SPLITS = (2, 4, 8, 16, 32, 64)
+# flash_attn3_jax 0.2.3 takes num_splits >= 1 only (it raises ValueError for 0, so FA3's
+# own split heuristic cannot be reached through it): its best of these is reported.
+FA3_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 CHECKED_ROWS = 2
 DEVICE = "cuda"  # where the inputs live (the timing needs CUDA)
 
@@ -61,7 +71,8 @@ def roofline_ms(row: Row, seq_lens, copy_tbps: float, matmul_tflops: float) -> f
 def summarize(results: list[dict]) -> dict:
     """Per suite and implementation: geometric mean of % of roofline over the rows it
     ran; for ``torch_bridge`` also how close the chosen launch came to the best split,
-    and for every implementation its ratio to vLLM's best where both ran."""
+    its ratio to vLLM's best and FlashMLA's speed against it where both ran, and
+    ``jax_decode``'s time over ``fa3_jax``'s where both ran."""
     summary: dict = {}
     for suite in sorted({r["suite"] for r in results}):
         rows = [r for r in results if r["suite"] == suite]
@@ -101,6 +112,16 @@ def summarize(results: list[dict]) -> dict:
             per_impl["torch_speed_vs_flashmla"] = dict(
                 rows=len(vs_flashmla), worst=min(vs_flashmla), best=max(vs_flashmla),
                 geomean=math.exp(sum(map(math.log, vs_flashmla)) / len(vs_flashmla)),
+            )  # fmt: skip
+        vs_fa3 = [
+            r["impls"]["jax_decode"]["ms"] / r["impls"]["fa3_jax"]["ms"]
+            for r in rows
+            if r["impls"].get("jax_decode", {}).get("ms") and r["impls"].get("fa3_jax", {}).get("ms")
+        ]
+        if vs_fa3:  # our jitted JAX call's time over FA3's JAX binding's (at its best split)
+            per_impl["jax_decode_vs_fa3_jax"] = dict(
+                rows=len(vs_fa3), worst=max(vs_fa3), no_slower=sum(x <= 1.0 for x in vs_fa3),
+                geomean=math.exp(sum(map(math.log, vs_fa3)) / len(vs_fa3)),
             )  # fmt: skip
         summary[suite] = per_impl
     return summary
@@ -184,7 +205,7 @@ def _oracle(row: Row, problem) -> tuple[list[int], object]:
 
 def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
     """name -> (kind, payload): ("torch", fn(problem) -> out), ("splits", {splits: fn}),
-    ("jax", jitted fn), ("skip", reason)."""
+    ("jax", jitted fn), ("jax splits", {splits: jitted fn}), ("skip", reason)."""
     import jax
     import torch
 
@@ -218,6 +239,8 @@ def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
         impls["flashmla"] = _flashmla(row)
     if "pallas" in wanted:
         impls["pallas"] = _pallas(row)
+    if "fa3_jax" in wanted:
+        impls["fa3_jax"] = _fa3_jax(row)
     return impls
 
 
@@ -301,6 +324,62 @@ def _pallas(row: Row):
     return ("jax", jax.jit(run))
 
 
+def _fa3_jax_unsupported(row: Row) -> str | None:
+    """Why FlashAttention-3's JAX binding cannot run ``row`` (None: it can)."""
+    if row.mla or row.head_dim_qk != row.head_dim_v:
+        return "MLA" if row.mla else "head_dim_v != head_dim_qk"
+    if row.dtype not in ("bfloat16", "float16"):
+        return row.dtype  # the binding asserts fp16 / bf16 q and caches
+    if row.kv_dtype:
+        return "fp8 cache"  # its caches must have q's dtype, and it passes no descales
+    if row.head_dim_qk > 128:
+        return f"head dim {row.head_dim_qk}"  # the 0.2.3 wheel's kernels are hdim 128
+    if row.logit_cap:
+        return "soft-cap"  # its lowering passes softcap=0.0; no argument for it
+    if row.sinks:
+        return "sinks"
+    return None
+
+
+def _fa3_jax(row: Row):
+    """FlashAttention-3's JAX binding (``flash_attn3_jax.flash_mha_with_kvcache``, paged
+    mode: q ``[batch, seqlen_q, heads, d]``, caches ``[num_pages, page_size, kv_heads, d]``,
+    ``page_table`` int32 ``[batch, max_pages]``, ``cache_seqlens`` int32 ``[batch]``),
+    jitted, one function per ``num_splits`` of :data:`FA3_SPLITS` (a static argument)."""
+    why = _fa3_jax_unsupported(row)
+    if why:
+        return ("skip", f"unsupported: {why}")
+    try:
+        from flash_attn3_jax import flash_mha_with_kvcache
+    except Exception as error:  # not installed here (a cp312 wheel), or not for this JAX
+        return ("skip", f"no import: {type(error).__name__}")
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return ("skip", "needs Hopper (sm_90)")  # the wheel's kernels are sm_90 only
+    import jax
+
+    return ("jax splits", {s: jax.jit(fa3_jax_call(row, s, flash_mha_with_kvcache)) for s in FA3_SPLITS})
+
+
+def fa3_jax_call(row: Row, num_splits: int, flash_mha_with_kvcache):
+    """``fn(q, k_cache, v_cache, page_table, seq_lens) -> out`` in our layout (q ``[batch,
+    (q_len,) heads, d]``), through ``flash_mha_with_kvcache`` at ``num_splits``."""
+    # Our window_left=W is the last W + 1 positions up to each query token's own: FA3's
+    # (left, right) = (W, 0), bottom-right aligned as its causal mask is.
+    window = (-1, -1) if row.window_left is None else (row.window_left, 0)
+
+    def run(q, k, v, pt, sl):
+        tokens = q if q.ndim == 4 else q[:, None]  # [batch, q_len, heads, d]
+        out = flash_mha_with_kvcache(
+            tokens, k, v, cache_seqlens=sl, page_table=pt, softmax_scale=row.head_dim_qk**-0.5,
+            is_causal=tokens.shape[1] > 1, window_size=window, num_splits=num_splits,
+        )  # fmt: skip
+        return out if q.ndim == 4 else out[:, 0]
+
+    return run
+
+
 def bench_row(row: Row, wanted, ceilings: dict, device_time: bool, sweep: tuple[int, ...]) -> dict:
     import jax
     import torch
@@ -337,8 +416,25 @@ def bench_row(row: Row, wanted, ceilings: dict, device_time: bool, sweep: tuple[
             entry["tbps"] = result["kv_bytes"] / ms / 1e9
         result["impls"][impl] = entry
 
+    jax_arg_sets: list = []  # the problems as JAX arrays (DLPack, no copy), made at the first JAX implementation
+
+    def jax_time(fn) -> tuple[float | None, str | None]:
+        """(ms per call, None) for the jitted ``fn``, or (None, "WRONG by ...") where its
+        output fails the oracle."""
+        out = torch_bridge.to_torch(jax.block_until_ready(fn(*jax_arg_sets[0][0], **jax_arg_sets[0][1])))
+        wrong = checked(out)
+        flat = [(*a, kw) for a, kw in jax_arg_sets]
+        ms = None if wrong else timing.time_jax(lambda *a, fn=fn: fn(*a[:-1], **a[-1]), flat, device_time)
+        return ms, wrong
+
     for name, (kind, payload) in _implementations(row, wanted, sweep).items():
         try:
+            if kind in ("jax", "jax splits") and not jax_arg_sets:
+                jax_arg_sets.extend(
+                    (tuple(None if t is None else torch_bridge.to_jax(t) for t in p.arrays),
+                     {k: torch_bridge.to_jax(t) for k, t in p.extras.items()})
+                    for p in problems
+                )  # fmt: skip
             if kind == "skip":
                 record(name, note=payload)
             elif kind == "torch":
@@ -356,17 +452,26 @@ def bench_row(row: Row, wanted, ceilings: dict, device_time: bool, sweep: tuple[
                     best = min(timed, key=timed.get)
                     record(name, timed[best], note=f"splits {best}", splits=best, by_split=by_split)
             elif kind == "jax":
-                arg_sets = [
-                    (tuple(None if t is None else torch_bridge.to_jax(t) for t in p.arrays),
-                     {k: torch_bridge.to_jax(t) for k, t in p.extras.items()})
-                    for p in problems
-                ]  # fmt: skip
-                fn = payload
-                out = torch_bridge.to_torch(jax.block_until_ready(fn(*arg_sets[0][0], **arg_sets[0][1])))
-                wrong = checked(out)
-                flat = [(*a, kw) for a, kw in arg_sets]
-                ms = None if wrong else timing.time_jax(lambda *a, fn=fn: fn(*a[:-1], **a[-1]), flat, device_time)
+                ms, wrong = jax_time(payload)
                 record(name, ms, note=wrong or "")
+            elif kind == "jax splits":
+                by_split, notes = {}, {}  # notes: why a count has no time (wrong, or an error)
+                for splits, fn in payload.items():
+                    try:  # one count failing leaves the others
+                        by_split[splits], wrong = jax_time(fn)
+                        if wrong:
+                            notes[splits] = wrong
+                    except Exception as error:
+                        by_split[splits] = None
+                        notes[splits] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+                timed = {s: ms for s, ms in by_split.items() if ms is not None}
+                extra = dict(by_split=by_split, **({"split_notes": notes} if notes else {}))
+                if not timed:
+                    wrong_everywhere = all(n.startswith("WRONG") for n in notes.values())
+                    record(name, note=f"{'WRONG' if wrong_everywhere else 'failed'} at every split", **extra)
+                else:
+                    best = min(timed, key=timed.get)
+                    record(name, timed[best], note=f"splits {best}", splits=best, **extra)
         except Exception as error:  # one failing implementation must not end the run
             record(name, note=f"failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}")
         torch.cuda.synchronize()
@@ -376,6 +481,7 @@ def bench_row(row: Row, wanted, ceilings: dict, device_time: bool, sweep: tuple[
             variant=config.variant, splits=config.num_kv_splits, block_h=config.block_h, block_n=config.block_n,
             warps=config.num_warps, stages=config.num_stages,
         )  # fmt: skip
+    jax_arg_sets.clear()
     del problems
     torch.cuda.empty_cache()
     return result
@@ -423,6 +529,13 @@ def environment() -> dict:
         env["jax_triton"] = import_jax_triton().__version__
     except Exception:  # not installed: the jax_decode rows will say why they failed
         pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    for peer in ("vllm", "flash-attn3-jax"):  # the installed versions, without importing them
+        try:
+            env[peer] = version(peer)
+        except PackageNotFoundError:
+            pass
     return env
 
 
@@ -517,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
         print(format_row(result, wanted), flush=True)
         _write_json(args.out, env, ceilings, results)  # after every row: a run cut short keeps what it measured
     summary = _write_json(args.out, env, ceilings, results)
-    print("\nsummary (geometric mean of % of roofline; chosen launch vs best split; torch_bridge vs vLLM best):")
+    print("\nsummary (geometric mean of % of roofline; chosen launch vs best split; torch_bridge vs vLLM best; "
+          "jax_decode vs fa3_jax):")  # fmt: skip
     print(json.dumps(summary, indent=1))
     try:
         plot(results, wanted, os.path.join(args.out, "bench.png"))

@@ -27,6 +27,19 @@ tokens either way (checked on every run), in fewer steps when guesses hit.
 
 ``dense_greedy`` decodes the same model with plain causal attention over the whole
 sequence; the test suite checks both give the same tokens.
+
+With ``--preset llama-3.1-8b`` it times decode steps of Llama-3.1-8B's shapes instead
+(32 layers, 32 query / 8 KV heads of 128, dim 4096, MLP 14336, vocab 128256; random
+bf16 weights; a paged cache of 16-token pages pre-filled with random K/V to
+``--context`` tokens per row, no prompt run through the model), with ``--attention``
+choosing the attention inside the jitted step: ``jax_decode`` (``--backend``, the Triton
+kernels on a GPU), ``fa3`` (FlashAttention-3's JAX binding, ``flash-attn3-jax``; Hopper)
+or ``xla`` (``backend="xla"``).  It reports tokens/s and attention's share of the step
+(see :func:`run_preset` for how, and for the GPU commands); ``--layers`` and ``--vocab``
+scale it down:
+
+    python examples/llama_decode.py --preset llama-3.1-8b --layers 1 --vocab 1024 \
+        --batch 2 --context 256 --steps 4 --attention xla
 """
 
 from __future__ import annotations
@@ -55,13 +68,22 @@ class Config:
     page_size: int = 8
     max_len: int = 64
     rope_base: float = 10000.0
+    dtype: str = "float32"  # weights, activations and caches
+
+
+# Real models' shapes (``max_len`` is set per run, from the context and the steps).
+PRESETS = {
+    "llama-3.1-8b": Config(vocab=128256, dim=4096, layers=32, heads=32, kv_heads=8, head_dim=128, hidden=14336,
+                           page_size=16, max_len=8192, rope_base=500000.0, dtype="bfloat16"),
+}  # fmt: skip
 
 
 def init_params(cfg: Config, seed: int = 0) -> dict:
     keys = iter(jax.random.split(jax.random.key(seed), 4 + 7 * cfg.layers))
 
-    def dense(shape):
-        return jax.random.normal(next(keys), shape, jnp.float32) / np.sqrt(shape[0])
+    def dense(shape, gain=1.0):
+        x = jax.random.normal(next(keys), shape, jnp.float32) / np.sqrt(shape[0])
+        return (x if gain == 1.0 else x * gain).astype(cfg.dtype)  # float32: the same values as ever
 
     layers = []
     for _ in range(cfg.layers):
@@ -76,11 +98,13 @@ def init_params(cfg: Config, seed: int = 0) -> dict:
                 w_down=dense((cfg.hidden, cfg.dim)),
             )
         )
-    return dict(embed=dense((cfg.vocab, cfg.dim)) * np.sqrt(cfg.dim), layers=layers, head=dense((cfg.dim, cfg.vocab)))
+    return dict(embed=dense((cfg.vocab, cfg.dim), np.sqrt(cfg.dim)), layers=layers, head=dense((cfg.dim, cfg.vocab)))
 
 
 def rms_norm(x):
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    """In float32 whatever x's dtype (a no-op cast for float32 x), returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
 
 
 def rope(x, positions, base):
@@ -90,27 +114,69 @@ def rope(x, positions, base):
     angles = positions[..., None, None].astype(jnp.float32) * freqs  # [..., 1, half]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     x1, x2 = x[..., :half], x[..., half:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
 
 def mlp(p, x):
     return (jax.nn.silu(x @ p["w_gate"]) * (x @ p["w_up"])) @ p["w_down"]
 
 
-def empty_caches(cfg: Config, batch: int):
+def cache_layout(cfg: Config, batch: int) -> tuple[tuple[int, ...], jax.Array]:
+    """(the shape of each layer's K and V cache, the page table [batch, max_len // page_size])."""
     pages_per_row = cfg.max_len // cfg.page_size
     # Page 0 is spare; the count is rounded up to a multiple of 8 so pages shard evenly.
     shape = (-(-(batch * pages_per_row + 1) // 8) * 8, cfg.page_size, cfg.kv_heads, cfg.head_dim)
-    caches = [(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(cfg.layers)]
     # Rows own shuffled pages (page 0 is spare), as a serving engine's allocator would hand out.
     order = np.random.default_rng(0).permutation(np.arange(1, batch * pages_per_row + 1))
     page_table = jnp.asarray(order.reshape(batch, pages_per_row), jnp.int32)
+    return shape, page_table
+
+
+def empty_caches(cfg: Config, batch: int):
+    shape, page_table = cache_layout(cfg, batch)
+    caches = [(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype)) for _ in range(cfg.layers)]
     return caches, page_table
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "backend"), donate_argnames=("caches",))
-def decode_step(params, caches, page_table, tokens, positions, *, cfg: Config, backend: str):
-    """One token per row at ``positions``: returns (logits [batch, vocab], caches)."""
+def prefilled_caches(cfg: Config, batch: int, seed: int = 0):
+    """:func:`empty_caches`' layout with every slot holding random K/V (standard normal, in
+    ``cfg.dtype``): a row's first positions then stand for a prompt already run, so a step
+    at position ``p`` attends to ``p + 1`` tokens, without running the prompt."""
+    shape, page_table = cache_layout(cfg, batch)
+    keys = jax.random.split(jax.random.key(seed), 2 * cfg.layers)
+    normal = jax.jit(lambda key: jax.random.normal(key, shape, cfg.dtype))
+    caches = [(normal(keys[2 * i]), normal(keys[2 * i + 1])) for i in range(cfg.layers)]
+    return caches, page_table
+
+
+ATTENTIONS = ("jax_decode", "fa3", "xla")
+
+
+def attend(q, k_cache, v_cache, page_table, seq_lens, *, backend: str, attention: str, fa3_splits: int):
+    """One token per row's attention (q ``[batch, heads, head_dim]``) by ``attention``:
+    ``"jax_decode"`` (``backend``), ``"xla"`` (``backend="xla"``), ``"fa3"`` (FlashAttention-3's
+    JAX binding at ``fa3_splits``), or ``"stand-in"``: q itself, same shape and dtype, no
+    cache read (the step without attention, to measure attention's share)."""
+    if attention == "stand-in":
+        return q
+    if attention == "fa3":
+        from flash_attn3_jax import flash_mha_with_kvcache
+
+        out = flash_mha_with_kvcache(q[:, None], k_cache, v_cache, cache_seqlens=seq_lens, page_table=page_table,
+                                     softmax_scale=q.shape[-1] ** -0.5, num_splits=fa3_splits)  # fmt: skip
+        return out[:, 0]
+    if attention not in ("jax_decode", "xla"):
+        raise ValueError(f"attention must be one of {ATTENTIONS} or 'stand-in', got {attention!r}")
+    return jax_decode.decode_attention(q, k_cache, v_cache, page_table, seq_lens,
+                                      backend="xla" if attention == "xla" else backend)  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "backend", "attention", "fa3_splits"), donate_argnames=("caches",))
+def decode_step(params, caches, page_table, tokens, positions, *, cfg: Config, backend: str,
+                attention: str = "jax_decode", fa3_splits: int = 1):  # fmt: skip
+    """One token per row at ``positions``: returns (logits [batch, vocab], caches).
+
+    ``write_kv`` runs on ``backend``; the attention is :func:`attend`'s ``attention``."""
     batch = tokens.shape[0]
     x = params["embed"][tokens]
     slots = page_table[jnp.arange(batch), positions // cfg.page_size] * cfg.page_size + positions % cfg.page_size
@@ -121,7 +187,8 @@ def decode_step(params, caches, page_table, tokens, positions, *, cfg: Config, b
         k = rope((h @ p["wk"]).reshape(batch, cfg.kv_heads, cfg.head_dim), positions, cfg.rope_base)
         v = (h @ p["wv"]).reshape(batch, cfg.kv_heads, cfg.head_dim)
         k_cache, v_cache = jax_decode.write_kv(k_cache, v_cache, k, v, slots, backend=backend)
-        attn = jax_decode.decode_attention(q, k_cache, v_cache, page_table, positions + 1, backend=backend)
+        attn = attend(q, k_cache, v_cache, page_table, positions + 1, backend=backend, attention=attention,
+                      fa3_splits=fa3_splits)  # fmt: skip
         x = x + attn.reshape(batch, -1) @ p["wo"]
         x = x + mlp(p, rms_norm(x))
         new_caches.append((k_cache, v_cache))
@@ -285,7 +352,157 @@ def dense_greedy(params, cfg: Config, prompts: list[list[int]], steps: int):
     return np.asarray(out)
 
 
-def main() -> None:
+# --------------------------------------------------------------------------- --preset: timed decode steps
+
+FA3_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)  # flash_attn3_jax takes num_splits >= 1 (no "0 = heuristic")
+WARMUP_STEPS = 2  # the first compiles
+
+
+def require_fa3() -> None:
+    """Exit with the reason where ``--attention fa3`` cannot run: FlashAttention-3's JAX
+    binding (``flash-attn3-jax``, a Python 3.12 wheel) must import and JAX must run on a
+    Hopper GPU (the binding lowers for CUDA only; the wheel's kernels are sm_90)."""
+    try:
+        import flash_attn3_jax  # noqa: F401
+    except Exception as error:
+        raise SystemExit(
+            "--attention fa3 needs FlashAttention-3's JAX binding (pip install flash-attn3-jax==0.2.3; Python 3.12, "
+            f"a Hopper GPU), which does not import here: {type(error).__name__}: {error}"
+        ) from None
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        raise SystemExit(f"--attention fa3 runs on a CUDA GPU only (FlashAttention-3 has no {device.platform} "
+                         "lowering); use --attention xla or jax_decode here")  # fmt: skip
+    capability = getattr(device, "compute_capability", "")
+    if not str(capability).startswith("9."):
+        raise SystemExit(f"--attention fa3: flash-attn3-jax's kernels are built for sm_90 (Hopper), this GPU is "
+                         f"{device.device_kind} (compute capability {capability})")  # fmt: skip
+
+
+def parse_context(text: str) -> int:
+    """``4096`` or ``4k``."""
+    value = int(text[:-1]) * 1024 if text.lower().endswith("k") else int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"the context must be at least 1 token, got {text}")
+    return value
+
+
+def time_steps(params, caches, page_table, context: int, steps: int, *, cfg: Config, backend: str,
+               attention: str, fa3_splits: int = 1):  # fmt: skip
+    """Seconds per step over ``steps`` steps after :data:`WARMUP_STEPS`, each row at
+    positions ``context``, ``context + 1``, ... (its greedy token fed back on the device,
+    no host sync between steps); returns (seconds per step, caches)."""
+    batch = page_table.shape[0]
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab, batch), jnp.int32)
+    positions = jnp.full((batch,), context, jnp.int32)
+    start = None
+    for step in range(WARMUP_STEPS + steps):
+        if step == WARMUP_STEPS:
+            jax.block_until_ready((tokens, caches))
+            start = time.perf_counter()
+        logits, caches = decode_step(params, caches, page_table, tokens, positions, cfg=cfg, backend=backend,
+                                     attention=attention, fa3_splits=fa3_splits)  # fmt: skip
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        positions = positions + 1
+    jax.block_until_ready((tokens, caches))
+    return (time.perf_counter() - start) / steps, caches
+
+
+def fa3_splits_by_time(cfg: Config, k_cache, v_cache, page_table, context: int, calls: int = 32) -> dict[int, float]:
+    """Seconds per FA3 attention call at each of :data:`FA3_SPLITS`, on one layer's cache
+    at ``context + 1`` tokens: ``calls`` calls chained in one jitted program (each call's
+    output is the next one's q, so none is merged away), wall time of the program."""
+    from flash_attn3_jax import flash_mha_with_kvcache
+
+    batch = page_table.shape[0]
+    q = jax.random.normal(jax.random.key(3), (batch, 1, cfg.heads, cfg.head_dim), cfg.dtype)
+    seq_lens = jnp.full((batch,), context + 1, jnp.int32)
+    seconds = {}
+    for splits in FA3_SPLITS:
+
+        @jax.jit
+        def chain(q, k_cache, v_cache, splits=splits):
+            for _ in range(calls):
+                q = flash_mha_with_kvcache(q, k_cache, v_cache, cache_seqlens=seq_lens, page_table=page_table,
+                                           softmax_scale=cfg.head_dim**-0.5, num_splits=splits)  # fmt: skip
+            return q
+
+        jax.block_until_ready(chain(q, k_cache, v_cache))  # compile
+        rounds = []
+        for _ in range(5):
+            start = time.perf_counter()
+            jax.block_until_ready(chain(q, k_cache, v_cache))
+            rounds.append((time.perf_counter() - start) / calls)
+        seconds[splits] = float(np.median(rounds))
+    return seconds
+
+
+def run_preset(args) -> None:
+    """Time decode steps of a preset model (``--preset``) and print tokens/s and
+    attention's share of the step.
+
+    Tokens/s: ``batch * steps`` over the wall time of ``--steps`` back-to-back jitted steps
+    (after :data:`WARMUP_STEPS`; each step writes every layer's new K/V with ``write_kv``,
+    attends over the row's ``context + 1 + i`` tokens, and feeds its greedy token back on
+    the device; the host waits once, at the end).  Attention's share: the same steps timed
+    again with the attention replaced by a stand-in of its output's shape and dtype (the
+    query itself: no cache read, everything else -- projections, RoPE, ``write_kv``, MLP,
+    logits -- unchanged), share = 1 - stand-in step / real step.  The difference also
+    holds what XLA fuses differently around the attention call; it is wall time, so at
+    tiny steps host dispatch weighs in.  ``--attention fa3`` runs FlashAttention-3's JAX
+    binding at ``--fa3-splits`` (default: whichever of :data:`FA3_SPLITS` is fastest for
+    the attention call alone at this batch and context, timed first and printed).
+
+    On an H200 (the b64 ctx8k cache is 69 GB, the weights 16 GB: too much for an H100's
+    80 GB beside the weights; give JAX the memory), from the repository root::
+
+        export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
+        for attention in jax_decode fa3 xla; do for batch in 1 16 64; do for context in 1k 4k 8k; do
+          python examples/llama_decode.py --preset llama-3.1-8b --attention $attention \\
+            --batch $batch --context $context --steps 32
+        done; done; done
+    """
+    cfg = PRESETS[args.preset]
+    cfg = dataclasses.replace(
+        cfg, layers=args.layers or cfg.layers, vocab=args.vocab or cfg.vocab,
+        max_len=cfg.page_size * -(-(args.context + WARMUP_STEPS + args.steps) // cfg.page_size),
+    )  # fmt: skip
+    if args.attention == "fa3":
+        require_fa3()
+    weights = 2 * cfg.vocab * cfg.dim + cfg.layers * (
+        2 * cfg.dim * (cfg.heads + cfg.kv_heads) * cfg.head_dim + 3 * cfg.dim * cfg.hidden
+    )
+    shape, _ = cache_layout(cfg, args.batch)
+    item = np.dtype(jnp.dtype(cfg.dtype)).itemsize
+    plural = "s" * (cfg.layers != 1)
+    print(f"{args.preset}: {cfg.layers} layer{plural}, {cfg.heads}/{cfg.kv_heads} heads of {cfg.head_dim}, "
+          f"dim {cfg.dim}, MLP {cfg.hidden}, vocab {cfg.vocab}, {cfg.dtype}: {weights / 1e9:.2f} B parameters "
+          f"({weights * item / 1e9:.1f} GB), KV cache {2 * cfg.layers * np.prod(shape) * item / 1e9:.1f} GB "
+          f"(batch {args.batch}, {cfg.max_len} positions per row in pages of {cfg.page_size})", flush=True)  # fmt: skip
+    params = init_params(cfg)
+    caches, page_table = prefilled_caches(cfg, args.batch)
+    splits = args.fa3_splits or 1
+    label = args.attention
+    if args.attention == "fa3":
+        if not args.fa3_splits:
+            by_splits = fa3_splits_by_time(cfg, *caches[0], page_table, args.context)
+            splits = min(by_splits, key=by_splits.get)
+            print("FA3 attention call alone, us per call by num_splits: "
+                  + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in by_splits.items()), flush=True)  # fmt: skip
+        label = f"fa3 (num_splits {splits})"
+    elif args.attention == "jax_decode":
+        label = f"jax_decode (backend {args.backend})"
+    options = dict(cfg=cfg, backend=args.backend, fa3_splits=splits)
+    step_s, caches = time_steps(params, caches, page_table, args.context, args.steps, attention=args.attention,
+                                **options)  # fmt: skip
+    bare_s, caches = time_steps(params, caches, page_table, args.context, args.steps, attention="stand-in", **options)
+    print(f"batch {args.batch}, context {args.context}, attention {label} on {jax.devices()[0].device_kind}: "
+          f"{args.batch / step_s:.1f} tokens/s ({step_s * 1e3:.2f} ms per step over {args.steps} steps); "
+          f"with a stand-in for attention {bare_s * 1e3:.2f} ms: attention {100 * (1 - bare_s / step_s):.1f}% "
+          "of the step")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="auto", choices=jax_decode.BACKENDS)
     parser.add_argument("--batch", type=int, default=4)
@@ -295,7 +512,32 @@ def main() -> None:
     parser.add_argument(
         "--draft-tokens", type=int, default=0, help="verify this many tokens per row and step (0: one token)"
     )
-    args = parser.parse_args()
+    preset = parser.add_argument_group("--preset: timed decode steps of a real model's shapes")
+    preset.add_argument("--preset", choices=sorted(PRESETS), help="time decode steps of this model's shapes")
+    preset.add_argument("--attention", choices=ATTENTIONS, help="the attention in the step (default jax_decode)")
+    preset.add_argument("--context", type=parse_context, help="tokens already in each row's cache, e.g. 4096 or 4k "
+                        "(default 4k)")  # fmt: skip
+    preset.add_argument("--layers", type=int, help="fewer layers than the preset's (a scaled-down run)")
+    preset.add_argument("--vocab", type=int, help="a smaller vocabulary than the preset's")
+    preset.add_argument("--fa3-splits", type=int, help="FA3's num_splits (default: the fastest, timed first)")
+    args = parser.parse_args(argv)
+    preset_only = ("attention", "context", "layers", "vocab", "fa3_splits")
+    if args.preset is None:
+        given = [f"--{name.replace('_', '-')}" for name in preset_only if getattr(args, name) is not None]
+        if given:
+            parser.error(f"{', '.join(given)} apply to --preset only")
+    else:
+        if args.draft_tokens or args.tensor_parallel * args.sequence_parallel > 1:
+            parser.error("--preset runs one token per row on one device")
+        args.attention = args.attention or "jax_decode"
+        args.context = args.context or 4096
+        for name in ("batch", "steps", "layers", "vocab"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                parser.error(f"--{name} must be at least 1")
+        if args.fa3_splits is not None and not 1 <= args.fa3_splits <= 128:
+            parser.error(f"--fa3-splits must be in [1, 128], got {args.fa3_splits}")
+        run_preset(args)
+        return
     if args.draft_tokens < 0 or args.draft_tokens > 16:
         parser.error(f"--draft-tokens must be in [0, 16], got {args.draft_tokens}")
     if args.draft_tokens and args.tensor_parallel * args.sequence_parallel > 1:

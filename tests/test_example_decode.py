@@ -78,3 +78,63 @@ def test_speculative_decoding_gives_the_one_token_tokens(backend, draft_tokens, 
     tokens, calls = llama.speculative_greedy(llama.init_params(cfg), cfg, PROMPTS, STEPS, draft_tokens, backend)
     np.testing.assert_array_equal(tokens, dense_tokens)
     assert calls < STEPS
+
+
+def test_llama_preset_has_llama_3_1_8b_shapes():
+    """--preset llama-3.1-8b: Llama-3.1-8B's layer count, heads, widths and vocabulary in
+    bf16 (shapes only: nothing is allocated), and its paged cache's layout."""
+    import jax
+    import jax.numpy as jnp
+
+    cfg = llama.PRESETS["llama-3.1-8b"]
+    assert (cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dim, cfg.hidden, cfg.vocab, cfg.page_size,
+            cfg.dtype) == (32, 32, 8, 128, 4096, 14336, 128256, 16, "bfloat16")  # fmt: skip
+    params = jax.eval_shape(lambda: llama.init_params(cfg))
+    leaves = jax.tree.leaves(params)
+    assert {x.dtype for x in leaves} == {jnp.dtype(jnp.bfloat16)}
+    # Llama-3.1-8B's 8,030,261,248 parameters less its 65 RMSNorm gains of 4096 (this model has none).
+    assert sum(x.size for x in leaves) == 8_030_261_248 - 65 * 4096
+    layer = params["layers"][0]
+    assert (layer["wq"].shape, layer["wk"].shape, layer["wo"].shape, layer["w_gate"].shape) == (
+        (4096, 4096), (4096, 1024), (4096, 4096), (4096, 14336))  # fmt: skip
+    assert params["embed"].shape == (128256, 4096) and params["head"].shape == (4096, 128256)
+    shape, page_table = llama.cache_layout(dataclasses.replace(cfg, max_len=8192 + 48), 64)
+    assert shape[1:] == (16, 8, 128) and shape[0] >= 64 * 515 and page_table.shape == (64, 515)
+    assert len(set(np.asarray(page_table).ravel().tolist())) == 64 * 515  # each row owns its pages
+
+
+def test_llama_preset_times_steps_with_xla_attention(capsys):
+    """A scaled-down preset (one layer, a small vocabulary, the real heads and widths)
+    decodes from a pre-filled cache with the attention of backend="xla", and reports
+    tokens/s and attention's share of the step."""
+    import re
+
+    llama.main(["--preset", "llama-3.1-8b", "--layers", "1", "--vocab", "512", "--batch", "2", "--context", "64",
+                "--steps", "2", "--attention", "xla"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "llama-3.1-8b: 1 layer, 32/8 heads of 128, dim 4096, MLP 14336, vocab 512, bfloat16" in out
+    assert re.search(
+        r"batch 2, context 64, attention xla on \w+: [\d.]+ tokens/s \([\d.]+ ms per step over 2 "
+        r"steps\); with a stand-in for attention [\d.]+ ms: attention -?[\d.]+% of the step",
+        out,
+    ), out
+
+
+def test_llama_preset_fa3_says_why_it_cannot_run_and_options_need_the_preset(capsys):
+    import jax
+
+    try:
+        import flash_attn3_jax  # noqa: F401
+    except Exception:
+        reason = "does not import here"
+    else:
+        device = jax.devices()[0]
+        if device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9."):
+            pytest.skip("FlashAttention-3 runs here")
+        reason = "CUDA GPU only" if device.platform != "gpu" else "sm_90"
+    with pytest.raises(SystemExit, match=f"--attention fa3.*{reason}"):
+        llama.main(["--preset", "llama-3.1-8b", "--layers", "1", "--vocab", "512", "--attention", "fa3"])
+    with pytest.raises(SystemExit):
+        llama.main(["--attention", "xla", "--context", "4k"])
+    assert "--attention, --context apply to --preset only" in capsys.readouterr().err
+    assert llama.parse_context("4k") == 4096 and llama.parse_context("1000") == 1000
