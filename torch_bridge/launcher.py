@@ -245,12 +245,9 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
     if run is None:
         if len(_DECODE_LAUNCHERS) >= MAX_CACHED_LAUNCHES:
             del _DECODE_LAUNCHERS[next(iter(_DECODE_LAUNCHERS))]  # the oldest
-        fixed = dataclasses.replace(config, schedule_programs=0)
-        if mid_o is None:  # the strides of scratch() for the fixed splits
-            mid_strides = fixed.contiguous_strides()
-            strides = kernel_strides(ops, config.problem, None, None, out, lse, mid_strides)
-        else:
-            strides = kernel_strides(ops, config.problem, mid_o, mid_lse, out, lse)
+        # Absent scratch: what scratch() allocates for the fixed splits, contiguous.
+        mid_strides = config.contiguous_strides() if mid_o is None else None
+        strides = kernel_strides(ops, config.problem, mid_o, mid_lse, out, lse, mid_strides)
         run = _DECODE_LAUNCHERS[key] = DecodeRun(config, strides, ops.q.get_device())
     run(ops, mid_o, mid_lse, out, lse)
 

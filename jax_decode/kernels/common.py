@@ -55,6 +55,18 @@ def cast_rne(x, DTYPE: tl.constexpr, BY_BITS: tl.constexpr):
 
 
 @triton.jit
+def store_merged(acc, denom, m_safe, out_ptrs, lse_ptr, mask_dv, ROUND_BY_BITS: tl.constexpr):
+    """Finish a log-sum-exp merge: ``acc / denom`` to ``out_ptrs`` (rounded to nearest
+    even in the output's dtype) and the LSE ``m_safe + log(denom)`` to ``lse_ptr``; with
+    nothing merged (``denom`` 0) zeros and -inf."""
+    has_tokens = denom > 0
+    out = acc / tl.where(has_tokens, denom, 1.0)
+    tl.store(out_ptrs, cast_rne(out, out_ptrs.dtype.element_ty, ROUND_BY_BITS), mask=mask_dv)
+    lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
+    tl.store(lse_ptr, lse)
+
+
+@triton.jit
 def to_f16_clamped(x):
     """float16 of x, saturated to +-65504 (only values beyond that change beyond rounding).
 

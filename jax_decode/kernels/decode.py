@@ -55,6 +55,7 @@ from jax_decode.kernels.common import (
     scores_log2,
     softmax_result,
     split_bounds,
+    store_merged,
     to_f16_clamped,
     token_pages,
 )
@@ -313,10 +314,7 @@ def _decode_stage2(
         weight = tl.exp(tl.load(lse_row + split_idx * STRIDE_MLS) - m_safe)
         acc += weight * tl.load(o_row + split_idx * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
 
-    has_tokens = denom > 0
-    out = acc / tl.where(has_tokens, denom, 1.0)
     out_ptrs = out_ptr + batch_idx * STRIDE_OB + tok * STRIDE_OT + head * STRIDE_OH + offs_dv
+    lse_ptrs = lse_ptr + batch_idx * STRIDE_LB + tok * STRIDE_LT + head * STRIDE_LH
     # Rounded to nearest even: by the GPU's cvt.rn, in the interpreter by bits.
-    tl.store(out_ptrs, cast_rne(out, out_ptr.dtype.element_ty, ROUND_BY_BITS), mask=mask_dv)
-    lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
-    tl.store(lse_ptr + batch_idx * STRIDE_LB + tok * STRIDE_LT + head * STRIDE_LH, lse)
+    store_merged(acc, denom, m_safe, out_ptrs, lse_ptrs, mask_dv, ROUND_BY_BITS)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jax_decode.kernels.common import cast_rne
+from jax_decode.kernels.common import store_merged
 
 
 @triton.jit
@@ -142,9 +142,6 @@ def _schedule_merge(
         weight = tl.exp(tl.load(lse_row + chunk * STRIDE_MLS) - m_safe)
         acc += weight * tl.load(o_row + chunk * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
 
-    has_tokens = denom > 0
-    out = acc / tl.where(has_tokens, denom, 1.0)
     out_ptrs = out_ptr + batch_idx * STRIDE_OB + head * STRIDE_OH + offs_dv
-    tl.store(out_ptrs, cast_rne(out, out_ptr.dtype.element_ty, ROUND_BY_BITS), mask=mask_dv)
-    lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
-    tl.store(lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, lse)
+    store_merged(acc, denom, m_safe, out_ptrs, lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, mask_dv,
+                 ROUND_BY_BITS)  # fmt: skip
