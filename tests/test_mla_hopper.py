@@ -205,56 +205,11 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
     np.testing.assert_array_equal(np.asarray(jax_lse), lse.cpu().numpy())
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_heads", [128, 16])
-def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
-    """The Gluon stage 1 under the device-side schedule (its schedule kernel, chunks and
-    merge), launched by both frontends' launchers with one config: against the float64
-    oracle on long-tailed lengths, and bit-identical to each other."""
-    torch = _needs_hopper_path()
-    import jax
-    import numpy as np
-    from support import assert_matches_oracle
-
-    import torch_bridge
-    from jax_decode.backends import triton as triton_backend
-    from jax_decode.launch import make_launch_config
-    from jax_decode.operands import DecodeOperands
-    from torch_bridge.launcher import _DECODE_LAUNCHERS, launch_decode
-    from torch_bridge.ops import device_info
-
-    problem = _hopper_mla_problem(64, num_heads)
-    q, k_cache, _, page_table, seq_lens = problem.arrays
-    mla = _mla(batch=len(LENGTHS), num_heads=num_heads, max_pages=page_table.shape[1], num_pages=k_cache.shape[0])
-    config = make_launch_config(mla, device_info(q.device), device_schedule=True)
-    assert config.schedule_programs > 0
-    out = torch.empty(mla.out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(mla.lse_shape, dtype=torch.float32, device=q.device)
-    launch_decode(config, DecodeOperands(q, k_cache, None, page_table, seq_lens), None, None, out, lse)
-    torch.cuda.synchronize()
-    assert any(run.config == config and run.schedule is not None for run in _DECODE_LAUNCHERS.values())
-    host = problem.host_rows(list(range(len(LENGTHS))))
-    assert_matches_oracle(host, out.float().cpu().numpy().astype(np.float64),
-                          lse.cpu().numpy().astype(np.float64), mla=True)  # fmt: skip
-
-    from jax_decode.backends.triton import hopper_kernels_launchable
-
-    if not hopper_kernels_launchable():
-        pytest.skip("jaxlib passes no TMA descriptors here")
-    arrays = [torch_bridge.to_jax(a) for a in (q, k_cache, page_table, seq_lens)]
-    step = jax.jit(lambda q, k, pt, sl: triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config))
-    jax_out, jax_lse = step(*arrays)
-    np.testing.assert_array_equal(np.asarray(jax_out.view(jax.numpy.uint16)), out.view(torch.int16).cpu().numpy()
-                                  .view(np.uint16))  # fmt: skip
-    np.testing.assert_array_equal(np.asarray(jax_lse), lse.cpu().numpy())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_heads, q_len, num_kv_splits", [(16, 2, None), (16, 4, 1), (128, 2, 3), (100, 3, None)])
-def test_multi_token_rows_match_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits):
-    """The Gluon stage 1 with (query token, head) rows (``hopper_multi_token``), causal
-    among the new tokens, rows shorter than q_len included: against the float64 oracle,
-    and both frontends' launchers bit-identical on one config."""
+def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, **plan_options):
+    """Plan the Gluon stage 1 with ``plan_options`` of make_launch_config (which the
+    frontends do not pass), launch it through torch_bridge's launcher and through the
+    JAX backend with that one config: against the float64 oracle, and bit-identical to
+    each other.  Returns the config."""
     torch = _needs_hopper_path()
     import jax
     import numpy as np
@@ -271,14 +226,15 @@ def test_multi_token_rows_match_oracle_and_jax_equals_torch(num_heads, q_len, nu
     problem = _hopper_mla_problem(64, num_heads, q_len)
     q, k_cache, _, page_table, seq_lens = problem.arrays
     mla = _mla(batch=len(LENGTHS), num_heads=num_heads, max_pages=page_table.shape[1], num_pages=k_cache.shape[0],
-               q_len=q_len, token_axis=True)  # fmt: skip
-    config = make_launch_config(mla, device_info(q.device), num_kv_splits, hopper_multi_token=True)
+               q_len=q_len or 1, token_axis=q_len is not None)  # fmt: skip
+    config = make_launch_config(mla, device_info(q.device), num_kv_splits, **plan_options)
     assert config.hopper_mla
     out = torch.empty(mla.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(mla.lse_shape, dtype=torch.float32, device=q.device)
     launch_decode(config, DecodeOperands(q, k_cache, None, page_table, seq_lens), None, None, out, lse)
     torch.cuda.synchronize()
-    assert any(run.config == config and run.gluon is not None for run in _DECODE_LAUNCHERS.values())
+    run = next(run for run in _DECODE_LAUNCHERS.values() if run.config == config)
+    assert run.gluon is not None and (run.schedule is not None) == bool(config.schedule_programs)
     host = problem.host_rows(list(range(len(LENGTHS))))
     assert_matches_oracle(host, out.float().cpu().numpy().astype(np.float64),
                           lse.cpu().numpy().astype(np.float64), mla=True)  # fmt: skip
@@ -290,6 +246,24 @@ def test_multi_token_rows_match_oracle_and_jax_equals_torch(num_heads, q_len, nu
     np.testing.assert_array_equal(np.asarray(jax_out.view(jax.numpy.uint16)), out.view(torch.int16).cpu().numpy()
                                   .view(np.uint16))  # fmt: skip
     np.testing.assert_array_equal(np.asarray(jax_lse), lse.cpu().numpy())
+    return config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads", [128, 16])
+def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
+    """The Gluon stage 1 under the device-side schedule (its schedule kernel, chunks and
+    merge) on long-tailed lengths."""
+    config = _check_planned_launch(num_heads, None, None, device_schedule=True)
+    assert config.schedule_programs > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads, q_len, num_kv_splits", [(16, 2, None), (16, 4, 1), (128, 2, 3), (100, 3, None)])
+def test_multi_token_rows_match_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits):
+    """The Gluon stage 1 with (query token, head) rows (``hopper_multi_token``), causal
+    among the new tokens, rows shorter than q_len included."""
+    _check_planned_launch(num_heads, q_len, num_kv_splits, hopper_multi_token=True)
 
 
 @pytest.mark.gpu
