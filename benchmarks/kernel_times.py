@@ -64,12 +64,18 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, **plan_
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="+", required=True, help="rows whose label contains one of these")
+    parser.add_argument("--exclude", nargs="*", default=[], help="skip rows whose label contains one of these")
     parser.add_argument("--splits", type=int, default=None, help="fixed num_kv_splits (default: planned)")
     parser.add_argument("--device-schedule", action="store_true", help="the Gluon MLA stage 1's device-side schedule")
     parser.add_argument("--hopper-multi-token", action="store_true", help="the Gluon MLA stage 1 for q_len > 1")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
-    rows = [row for suite in SUITES.values() for row in suite() if any(text in row.label for text in args.rows)]
+    rows = [
+        row
+        for suite in SUITES.values()
+        for row in suite()
+        if any(text in row.label for text in args.rows) and not any(text in row.label for text in args.exclude)
+    ]
     seen = set()
     for row in rows:
         if row.label in seen:

@@ -2,7 +2,7 @@
 
 After its first launch, a launch calls the compiled kernel's launcher directly; the
 key for that must cover everything Triton specialises a kernel on.  On the CPU the key
-is checked against Triton's rules; on a GPU, calls that differ in one runtime argument
+is checked against Triton's own rules; on a GPU, calls that differ in one runtime argument
 or dtype (in both orders, in one process) must each write what a fresh process would.
 """
 
@@ -26,21 +26,27 @@ def cuda_backend_type():
     return type(make_backend(GPUTarget("cuda", 90, 32)))
 
 
-def test_key_follows_tritons_specialisation(cuda_backend_type):
-    from torch_bridge.launcher import specialization_key
+def test_key_refines_tritons_specialisation(cuda_backend_type):
+    """Equal launch keys imply equal Triton specialisations (the launcher may then reuse
+    the compiled kernel), over arguments that differ in everything Triton looks at."""
+    from triton._C.libtriton import native_specialize_impl
 
-    def key(*args):
-        return specialization_key(cuda_backend_type, 0, args)
+    from torch_bridge.launcher import launch_key
 
-    f32, bf16 = torch.zeros(64), torch.zeros(64, dtype=torch.bfloat16)
-    assert key(f32, 8) == key(torch.zeros(32), 8)  # same dtype, alignment and int class
-    assert key(f32, 8) != key(bf16, 8)  # dtype
-    assert key(f32, 1) != key(f32, 8)  # an int equal to 1 is a constant
-    assert key(f32, 16) != key(f32, 17)  # divisibility by 16
-    assert key(f32, 17) == key(f32, 19)
-    assert key(f32, 2**31 - 1) != key(f32, 2**31)  # int32 vs int64
-    assert key(f32[1:], 8) != key(f32, 8)  # 16-byte alignment
-    assert specialization_key(cuda_backend_type, 1, (f32, 8)) != key(f32, 8)  # device
+    def tritons(device, args):
+        return (device, *(native_specialize_impl(cuda_backend_type, a, False, True, True) for a in args))
+
+    f32, bf16, i32 = torch.zeros(64), torch.zeros(64, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.int32)
+    tensors = [f32, f32[4:], f32[1:], f32[2:], bf16, bf16[8:], bf16[1:], i32, i32[3:], torch.zeros(32)]
+    ints = [1, 2, 8, 16, 17, 19, 32, 2**31 - 1, 2**31, 2**32 + 16, True, False, 0, -16]
+    calls = [(d, (t, n)) for d in (0, 1) for t in tensors for n in ints]
+    for device, args in calls:
+        for device2, args2 in calls:
+            if launch_key(device, args) == launch_key(device2, args2):
+                assert tritons(device, args) == tritons(device2, args2), (args, args2)
+    # ... and the key is no finer than it must be where calls repeat (one launcher, reused).
+    assert launch_key(0, (f32, 8)) == launch_key(0, (torch.zeros(32), 8))
+    assert launch_key(0, (f32, 8)) != launch_key(0, (f32[1:], 8)) != launch_key(1, (f32[1:], 8))
 
 
 gpu = pytest.mark.gpu

@@ -8,10 +8,8 @@ Host time per call matters to serving engines, so after the first launch of a
 compiled kernel, later launches call its compiled launcher directly instead of going
 through ``JITFunction.run`` (which binds ~40 arguments and builds a cache key per
 call).  A launcher is reused only where Triton itself would have reused the compiled
-kernel: it is keyed on Triton's own specialisation of every runtime argument (dtype
-and 16-byte alignment of each tensor; for each int its width, whether it is 1 and
-whether it is divisible by 16), computed by Triton's ``native_specialize_impl``, and
-on the device.  The constexprs, warps and stages are fixed per :class:`StageLauncher`.
+kernel: it is keyed (:func:`launch_key`) on a refinement of Triton's specialisation of
+every runtime argument, and on the device.  The constexprs, warps and stages are fixed per :class:`StageLauncher`.
 """
 
 from __future__ import annotations
@@ -29,36 +27,22 @@ from jax_decode.launch import KernelLaunch, KernelStrides, LaunchConfig, WritePr
 
 # Distinct (config, strides) and write launches kept; beyond this the least recently used go.
 MAX_CACHED_LAUNCHES = 1024
+# Compiled launchers kept per launch (one per alignment / dtype pattern of its arguments).
+MAX_RUNNERS = 64
 
 
-def specialization_key(backend_type, device_index: int, args: tuple) -> tuple:
-    """What Triton specialises a compiled kernel on, for these runtime arguments: each
-    tensor's dtype and 16-byte alignment, each int's width and whether it is 1 or
-    divisible by 16 (Triton's own ``native_specialize_impl``), and the device."""
-    from triton._C.libtriton import native_specialize_impl
-
-    return (device_index, *(native_specialize_impl(backend_type, a, False, True, True) for a in args))
-
-
-@functools.cache
-def _backend_type(device_index: int):
-    """Triton's compiler backend class for a CUDA device (what its specialisation asks)."""
-    from triton.compiler.compiler import make_backend
-    from triton.runtime import driver
-
-    with torch.cuda.device(device_index):
-        return type(make_backend(driver.active.get_current_target()))
-
-
-@functools.cache
-def _can_key() -> bool:
-    """This Triton exposes its specialisation rules (3.4 and later); without them every
-    launch goes through Triton's own binder."""
-    try:
-        from triton._C.libtriton import native_specialize_impl  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def launch_key(device_index: int, args: tuple) -> tuple:
+    """A key at least as fine as what Triton specialises a compiled kernel on: Triton
+    looks at each tensor's dtype and whether its address is a multiple of 16, and at
+    each int's width and whether it is 1 or divisible by 16; this key holds each
+    tensor's dtype and address modulo 16, each other argument's type and value, and the
+    device.  Equal keys therefore mean the same compiled kernel (tests/test_launcher_cache.py
+    checks this against Triton's own ``native_specialize_impl``), at a fraction of the
+    cost of asking Triton per call."""
+    return (
+        device_index,
+        *[(a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else (type(a), a) for a in args],
+    )
 
 
 class StageLauncher:
@@ -83,13 +67,15 @@ class StageLauncher:
         if device_index < 0:
             run_interpreted(self.launch, args)
             return
-        key = specialization_key(_backend_type(device_index), device_index, args) if _can_key() else None
-        runner = self.runners.get(key) if key is not None else None
+        key = launch_key(device_index, args)
+        runner = self.runners.get(key)
         if runner is not None:
             runner(*args, *self.constexpr_values)
             return
         compiled = self.kernel[self.launch.grid](*args, **self.options)
-        if key is not None and hasattr(compiled, "__getitem__"):  # a CompiledKernel
+        if hasattr(compiled, "__getitem__"):  # a CompiledKernel
+            if len(self.runners) >= MAX_RUNNERS:  # (ints that change per call would grow it)
+                self.runners.clear()
             self.runners[key] = compiled[self.launch.grid]
 
 
@@ -159,19 +145,30 @@ def _aligned(*tensors) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 @functools.lru_cache(maxsize=4096)
 def _scratch_layout(config: LaunchConfig) -> tuple:
-    """(elements, mid_o's elements, mid_o's shape, mid_lse's shape) of ``config``'s scratch."""
+    """(elements, (mid_o's shape, strides), (mid_lse's shape, strides, offset)) of
+    ``config``'s scratch: mid_o, then mid_lse, contiguous."""
     mid_o_size = math.prod(config.mid_o_shape)
-    return mid_o_size + math.prod(config.mid_lse_shape), mid_o_size, config.mid_o_shape, config.mid_lse_shape
+    mid_o = (config.mid_o_shape, _contiguous(config.mid_o_shape))
+    mid_lse = (config.mid_lse_shape, _contiguous(config.mid_lse_shape), mid_o_size)
+    return mid_o_size + math.prod(config.mid_lse_shape), mid_o, mid_lse
 
 
 def scratch(config: LaunchConfig, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1's partial results for ``config`` on ``like``'s device: (mid_o, mid_lse),
-    contiguous views of one float32 buffer."""
-    size, mid_o_size, mid_o_shape, mid_lse_shape = _scratch_layout(config)
+    contiguous views of one float32 buffer (one allocation and two views per call)."""
+    size, mid_o, mid_lse = _scratch_layout(config)
     buffer = like.new_empty((size,), dtype=torch.float32)
-    return buffer[:mid_o_size].view(mid_o_shape), buffer[mid_o_size:].view(mid_lse_shape)
+    return buffer.as_strided(*mid_o), buffer.as_strided(*mid_lse)
 
 
 class DecodeRun:
@@ -221,8 +218,10 @@ class DecodeRun:
 _DECODE_LAUNCHERS: dict[tuple, DecodeRun] = {}
 
 
-def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse) -> None:
-    """Run the decode, writing ``out`` and ``lse`` in place.
+def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse) -> DecodeRun | None:
+    """Run the decode, writing ``out`` and ``lse`` in place; returns the :class:`DecodeRun`
+    it launched (None for an empty batch), which a caller may call directly on later
+    operands of the same config, device and strides.
 
     ``ops`` are torch tensors of the shapes and dtypes ``config`` was made for (scales
     float32 ``[1]``/``[num_kv_heads]`` and sinks float32 ``[num_heads]`` exactly where
@@ -235,7 +234,7 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
     its place with the config's fixed splits.
     """
     if config.problem.batch == 0:
-        return
+        return None
     # Keyed on raw stride tuples: cheaper per call than building KernelStrides.
     v = ops.k_cache if config.problem.v_from_k else ops.v_cache
     mid = None if mid_o is None else (mid_o.stride(), mid_lse.stride())
@@ -250,6 +249,7 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
         strides = kernel_strides(ops, config.problem, mid_o, mid_lse, out, lse, mid_strides)
         run = _DECODE_LAUNCHERS[key] = DecodeRun(config, strides, ops.q.get_device())
     run(ops, mid_o, mid_lse, out, lse)
+    return run
 
 
 @functools.lru_cache(maxsize=MAX_CACHED_LAUNCHES)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+from typing import NamedTuple
 
 import torch
 
@@ -46,7 +47,7 @@ from jax_decode.validation import (
     dtype_name,
     is_float_scalar,
 )
-from torch_bridge.launcher import launch_decode, launch_write
+from torch_bridge.launcher import DecodeRun, launch_decode, launch_write
 
 TENSOR = "a torch.Tensor"
 
@@ -179,17 +180,17 @@ def _check_output(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype
 _LSE_SINKS: dict[tuple, torch.Tensor] = {}
 
 
-def _lse_sink(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
-    """A reused buffer for the LSE that vLLM's signature does not return.
+def _lse_sink(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A reused float32 buffer for an LSE the caller does not take (vLLM's signature
+    does not return it; decode_attention without ``return_lse``).
 
-    Only ever written (by stage 2), never read, so calls may share it; reusing it
-    saves an allocation per call.
+    Only ever written (by the last kernel), never read, so calls may share it; reusing
+    it saves an allocation per call.
     """
-    p = config.problem
-    key = (q.get_device(), p.batch, p.num_heads)
+    key = (q.get_device(), shape)
     sink = _LSE_SINKS.get(key)
     if sink is None:
-        sink = _LSE_SINKS[key] = q.new_empty((p.batch, p.num_heads), dtype=torch.float32)
+        sink = _LSE_SINKS[key] = q.new_empty(shape, dtype=torch.float32)
     return sink
 
 
@@ -204,7 +205,16 @@ def _lse_sink(q: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
 # plan come out.  Anything else (a tensor subclass, another type, check_inputs) takes
 # the full path.
 
-_ACCEPTED: dict[tuple, LaunchConfig] = {}
+
+class _Accepted(NamedTuple):
+    """What a call accepted by the full path leaves for calls like it: its launch config
+    and, once it has launched, the launcher of its config, device and strides."""
+
+    config: LaunchConfig
+    run: DecodeRun | None
+
+
+_ACCEPTED: dict[tuple, _Accepted] = {}
 MAX_ACCEPTED = 4096
 
 
@@ -228,21 +238,29 @@ def _scale_arrays(q, k_scale, v_scale) -> tuple:
     return float_input("k_scale", k_scale, TORCH, q), float_input("v_scale", v_scale, TORCH, q)
 
 
-def _accept(key: tuple | None, config: LaunchConfig) -> None:
+def _accept(key: tuple | None, config: LaunchConfig, run: DecodeRun | None) -> None:
     if key is not None:
         if len(_ACCEPTED) >= MAX_ACCEPTED:
             del _ACCEPTED[next(iter(_ACCEPTED))]  # the oldest
-        _ACCEPTED[key] = config
+        _ACCEPTED[key] = _Accepted(config, run)
+
+
+def _launch(key, accepted: _Accepted | None, config: LaunchConfig, ops: DecodeOperands, mid_o, mid_lse, out, lse):
+    """Launch through the accepted call's launcher, or find one and accept the call."""
+    if accepted is not None and accepted.run is not None:
+        accepted.run(ops, mid_o, mid_lse, out, lse)
+    else:
+        _accept(key, config, launch_decode(config, ops, mid_o, mid_lse, out, lse))
 
 
 def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options: DecodeOptions, out,
-                lse, check_inputs: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                lse, return_lse: bool, check_inputs: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """decode_attention, eager or in its op: check, plan, launch; ``out``/``lse`` are
-    allocated when None."""
+    allocated when None (``lse`` in a shared write-only buffer unless ``return_lse``)."""
     key = None if check_inputs else _call_key(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, out,
-                                              *options)  # fmt: skip
-    config = _ACCEPTED.get(key) if key is not None else None
-    if config is None:
+                                              lse, *options)  # fmt: skip
+    accepted = _ACCEPTED.get(key) if key is not None else None
+    if accepted is None:
         given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
         problem, ops = prepare_decode(given, options, TORCH)
         config = _launch_config(problem, device_info(q.device), options.num_kv_splits)
@@ -252,16 +270,16 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
             check_arrays(dict(out=out), array_type=torch.Tensor, array_kind=TENSOR)
             TORCH.check(dict(q=q, out=out))
             _check_output("out", out, problem.out_shape, problem.dtype, "[batch, (q_len,) num_heads, head_dim_v], as q")
-        _accept(key, config)
     else:  # arguments like those of a call that passed (see _call_key)
+        config = accepted.config
         given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, *_scale_arrays(q, k_scale, v_scale), sinks)
         ops = kernel_operands(given, config.problem, TORCH)
     p = config.problem
     if out is None:
         out = q.new_empty(p.out_shape)
     if lse is None:
-        lse = q.new_empty(out.shape[:-1], dtype=torch.float32)
-    launch_decode(config, ops, None, None, out, lse)
+        lse = q.new_empty(p.lse_shape, dtype=torch.float32) if return_lse else _lse_sink(q, p.lse_shape)
+    _launch(key, accepted, config, ops, None, None, out, lse)
     return out, lse
 
 
@@ -273,18 +291,19 @@ def _run_decode_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logi
     key = None if check_inputs else _call_key(*args)
     if key is not None:  # (both buffers are tensors) whether V is K's latent depends on where v_buffer points
         key += (_v_is_k(k_buffer, v_buffer, k_scale, v_scale),)
-    config = _ACCEPTED.get(key) if key is not None else None
-    if config is None:
+    accepted = _ACCEPTED.get(key) if key is not None else None
+    if accepted is None:
         config, ops = _prepare_fwd(*args)
         if check_inputs:
             _check_values(req_to_token, b_seq_len, config)
-        _accept(key, config)
     else:  # arguments like those of a call that passed (see _call_key)
+        config = accepted.config
         given = _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, *_scale_arrays(q, k_scale, v_scale),
                               config.problem.v_from_k)  # fmt: skip
         ops = kernel_operands(given, config.problem, TORCH)
     dv = config.problem.head_dim_v
-    launch_decode(config, ops, attn_logits[..., :dv], attn_logits[..., dv], o, _lse_sink(q, config))
+    lse = _lse_sink(q, config.problem.lse_shape)
+    _launch(key, accepted, config, ops, attn_logits[..., :dv], attn_logits[..., dv], o, lse)
 
 
 def _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size,
@@ -366,8 +385,9 @@ def _decode_attention_op(
     """decode_attention under torch.compile: :func:`_run_decode` at run time, on concrete
     values (shapes and options may be symbolic while tracing)."""
     options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
-    _run_decode(q, k_cache, v_cache, page_table, seq_lens, _scale(k_scale, k_scale_number),
-                _scale(v_scale, v_scale_number), sinks, options, out, lse, check_inputs=False)  # fmt: skip
+    k_scale, v_scale = _scale(k_scale, k_scale_number), _scale(v_scale, v_scale_number)
+    _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, out, lse,
+                return_lse=True, check_inputs=False)  # fmt: skip
 
 
 @_decode_attention_op.register_fake
@@ -464,7 +484,7 @@ def decode_attention(
     options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
     if not torch.compiler.is_compiling():
         out, lse = _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, out, None,
-                               check_inputs)  # fmt: skip
+                               return_lse, check_inputs)  # fmt: skip
         return (out, lse) if return_lse else out
     # Tracing: what the op's schema needs; the op runs _run_decode when the graph runs.
     _traced(check_inputs, page_table, seq_lens)
