@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import HAS_GPU
+from conftest import HAS_GPU, needs_interpreter
 
 import jax_decode
 import torch_bridge
@@ -39,8 +39,13 @@ def good() -> dict:
     )
 
 
-def strided_q():
-    return torch.randn(B, H, 2 * D)[..., ::2]
+def strided_q(device="cpu"):
+    return torch.randn(B, H, 2 * D, device=device)[..., ::2]
+
+
+def good_on_device() -> dict:
+    """good() on the suite's device (a GPU where there is one: the launch path users run)."""
+    return {name: t.to(DEVICE) for name, t in good().items()}
 
 
 # (id, arrays replaced, options, exception, message with {operand} placeholders, JAX can express it)
@@ -237,11 +242,12 @@ def test_import_torch_bridge_does_not_import_jax():
 # --------------------------------------------------------------------------- the per-call fast path
 
 REFUSED_AFTER_ACCEPTED = [
-    ("strided_q", lambda a: dict(a, q=strided_q()), {}, "must have a contiguous last dimension"),
+    ("strided_q", lambda a: dict(a, q=strided_q(a["q"].device)), {}, "must have a contiguous last dimension"),
     ("q_requires_grad", lambda a: dict(a, q=a["q"].clone().requires_grad_()), {}, "q requires grad"),
     ("page_table_int64", lambda a: dict(a, page_table=a["page_table"].long()), {}, "{page_table} must be int32"),
     ("k_scale_nan", lambda a: a, dict(k_scale=float("nan")), "k_scale must be finite and > 0, got nan"),
     ("meta_device", lambda a: {n: t.to("meta") for n, t in a.items()}, {}, "CUDA device or the CPU"),
+    ("negative_view_q", lambda a: dict(a, q=torch._neg_view(a["q"])), {}, "{q} is a negative view"),
 ]
 
 
@@ -254,29 +260,43 @@ def test_a_call_like_an_accepted_one_but_for_one_thing_is_still_refused(entry, c
     scale's value): each of these differs in one such thing and is refused."""
     run = run_torch if entry == "torch" else run_vllm
     accepted = dict(k_scale=0.5) if options else {}
-    run(good(), accepted, compiled=False)
+    run(good_on_device(), accepted, compiled=False)
     names = DECODE_NAMES if entry == "torch" else VLLM_NAMES
     with pytest.raises((ValueError, TypeError), match=re.escape(message.format(**names._asdict()))):
-        run(change(good()), options, compiled=False)
+        run(change(good_on_device()), options, compiled=False)
 
 
 def test_accepted_calls_are_bit_identical_to_first_calls():
     from torch_bridge import ops
 
-    args = good()
+    args = good_on_device()
     ops._ACCEPTED.clear()
     first = run_torch(args, dict(num_kv_splits=2), compiled=False).clone()
     assert ops._ACCEPTED, "the first call was remembered"
     again = run_torch(args, dict(num_kv_splits=2), compiled=False)
-    np.testing.assert_array_equal(again.numpy(), first.numpy())
+    np.testing.assert_array_equal(again.cpu().numpy(), first.cpu().numpy())
+
+
+def test_a_returned_lse_is_the_callers_own():
+    """Calls that do not return the LSE write it to a shared buffer; one that does
+    returns a tensor no later call writes."""
+    args = good_on_device()
+    _, lse = run_torch(args, dict(num_kv_splits=2, return_lse=True), compiled=False)
+    kept = lse.clone()
+    other = dict(args, q=-args["q"])
+    run_torch(other, dict(num_kv_splits=2), compiled=False)
+    _, lse2 = run_torch(other, dict(num_kv_splits=2, return_lse=True), compiled=False)
+    assert lse2.data_ptr() != lse.data_ptr()
+    np.testing.assert_array_equal(lse.cpu().numpy(), kept.cpu().numpy())
 
 
 # --------------------------------------------------------------------------- found by an outside tester
 
 
 def test_numpy_integer_split_count_is_an_int():
-    out = run_torch(good(), dict(num_kv_splits=np.int64(2)), compiled=False)
-    np.testing.assert_array_equal(out.numpy(), run_torch(good(), dict(num_kv_splits=2), compiled=False).numpy())
+    args = good_on_device()
+    out = run_torch(args, dict(num_kv_splits=np.int64(2)), compiled=False).cpu()
+    np.testing.assert_array_equal(out.numpy(), run_torch(args, dict(num_kv_splits=2), compiled=False).cpu().numpy())
     jax_out = jax_decode.decode_attention(*map(as_jax, good().values()), num_kv_splits=np.int64(2), backend="xla")
     assert jax_out.shape == out.shape
 
@@ -296,6 +316,7 @@ def test_torch_tensors_given_to_jax_are_refused_with_the_way_out():
         jax_decode.decode_attention(*good().values(), backend="xla")
 
 
+@needs_interpreter
 def test_compiled_drop_in_takes_the_default_scale():
     """vLLM's sm_scale may be None (the default 1/sqrt(head_dim)) eager and compiled alike."""
     args = good()

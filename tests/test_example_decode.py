@@ -114,7 +114,7 @@ def test_llama_preset_times_steps_with_xla_attention(capsys):
     out = capsys.readouterr().out
     assert "llama-3.1-8b: 1 layer, 32/8 heads of 128, dim 4096, MLP 14336, vocab 512, bfloat16" in out
     assert re.search(
-        r"batch 2, context 64, attention xla on \w+: [\d.]+ tokens/s \([\d.]+ ms per step over 2 "
+        r"batch 2, context 64, attention xla on [\w ]+: [\d.]+ tokens/s \([\d.]+ ms per step over 2 "
         r"steps\); with a stand-in for attention [\d.]+ ms: attention -?[\d.]+% of the step",
         out,
     ), out

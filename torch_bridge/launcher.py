@@ -45,6 +45,16 @@ def launch_key(device_index: int, args: tuple) -> tuple:
     )
 
 
+@functools.cache
+def _runners_take_every_argument() -> bool:
+    """Whether a compiled kernel's launcher takes the constexprs too, as the cached
+    launches pass them: Triton 3.4 and later (those run here; 3.2's takes only the
+    runtime arguments).  Elsewhere every launch goes through Triton's own binder."""
+    import triton
+
+    return tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 4)
+
+
 class StageLauncher:
     """One kernel launch on torch tensors, with its compiled launchers cached."""
 
@@ -73,7 +83,7 @@ class StageLauncher:
             runner(*args, *self.constexpr_values)
             return
         compiled = self.kernel[self.launch.grid](*args, **self.options)
-        if hasattr(compiled, "__getitem__"):  # a CompiledKernel
+        if _runners_take_every_argument() and hasattr(compiled, "__getitem__"):  # a CompiledKernel
             if len(self.runners) >= MAX_RUNNERS:  # (ints that change per call would grow it)
                 self.runners.clear()
             self.runners[key] = compiled[self.launch.grid]

@@ -61,12 +61,16 @@ def _cuda_device_info(index: int) -> DeviceInfo:
     return DeviceInfo("nvidia", cc, props.multi_processor_count, hopper_kernels=cc == 90 and hopper_kernels_usable())
 
 
+def _check_device_type(device: torch.device) -> None:
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"tensors must be on a CUDA device or the CPU (interpreter), got {device}")
+
+
 def device_info(device: torch.device) -> DeviceInfo:
+    _check_device_type(device)
     if device.type == "cuda":
         return _cuda_device_info(device.index if device.index is not None else torch.cuda.current_device())
-    if device.type == "cpu":
-        return DeviceInfo.interpreter()
-    raise ValueError(f"tensors must be on a CUDA device or the CPU (interpreter), got {device}")
+    return DeviceInfo.interpreter()
 
 
 # --------------------------------------------------------------------------- torch's frontend for jax_decode.prepare
@@ -122,7 +126,9 @@ class _TorchFrontend:
         for name, tensor in named.items():
             if first is None:
                 first_name, first = name, tensor
-                device_info(tensor.device)
+                # The type only: device_info would query the device (and Triton), which
+                # torch.compile must not trace.
+                _check_device_type(tensor.device)
             # get_device() (an int: the CUDA index, -1 elsewhere) is much cheaper than .device.
             elif (index := tensor.get_device()) != first.get_device() or (index < 0 and tensor.device != first.device):
                 raise ValueError(
@@ -132,6 +138,12 @@ class _TorchFrontend:
                 raise ValueError(
                     f"{name} must have a contiguous last dimension (stride 1), got strides {tuple(tensor.stride())}; "
                     "pass .contiguous()"
+                )
+            # (Not while torch.compile traces, which cannot; the op's body checks it when it runs.)
+            if not torch.compiler.is_compiling() and tensor.is_neg():
+                raise ValueError(
+                    f"{name} is a negative view (torch's lazy negation, e.g. the .imag of a conjugate), which the "
+                    f"kernels would read unnegated; pass {name}.resolve_neg()"
                 )
             if grad and tensor.requires_grad:
                 raise ValueError(
@@ -178,6 +190,7 @@ def _check_output(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype
 
 
 _LSE_SINKS: dict[tuple, torch.Tensor] = {}
+MAX_LSE_SINKS = 256
 
 
 def _lse_sink(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -190,7 +203,9 @@ def _lse_sink(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     key = (q.get_device(), shape)
     sink = _LSE_SINKS.get(key)
     if sink is None:
-        sink = _LSE_SINKS[key] = q.new_empty(shape, dtype=torch.float32)
+        sink = q.new_empty(shape, dtype=torch.float32)
+        if len(_LSE_SINKS) < MAX_LSE_SINKS:  # beyond that, one per call (as many shapes are rare)
+            _LSE_SINKS[key] = sink
     return sink
 
 
@@ -225,7 +240,7 @@ def _call_key(*args) -> tuple | None:
     for x in args:
         kind = type(x)
         if kind is torch.Tensor:
-            key.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad))
+            key.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad, x.is_neg()))
         elif x is None or kind in (int, float):
             key.append((kind, x))
         else:
