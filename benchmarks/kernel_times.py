@@ -1,14 +1,14 @@
 """Where one ``torch_bridge.decode_attention`` call's device time goes: each kernel's
 mean time (torch.profiler's CUDA activity) on benchmark rows.
 
-    python -m benchmarks.kernel_times --rows "DeepSeek-V3 DP b64 ctx4096" [--splits 1 | --device-schedule]
+    python -m benchmarks.kernel_times --rows "DeepSeek-V3 DP b64 ctx4096" [--splits 1 | --fixed-splits]
 
 A call launches two or three kernels (stage 1 and stage 2; under the device-side
 schedule of the Gluon MLA stage 1, the schedule, stage 1 and the merge); the table says
 which of them the time is in, which ``benchmarks.bench``'s totals do not.
-``--device-schedule`` and ``--hopper-multi-token`` plan with those options of
-``make_launch_config`` (the frontends do not use them yet) and launch through
-torch_bridge's launcher.
+``--fixed-splits`` and ``--portable-multi-token`` plan with ``device_schedule=False``
+and ``hopper_multi_token=False`` (the frontends' plan, as it was before those were
+measured) and launch through torch_bridge's launcher.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, **plan_
         return torch_bridge.decode_attention(*problem.arrays, num_kv_splits=num_kv_splits, **problem.extras,
                                              **_options(row))  # fmt: skip
 
-    if any(plan_options.values()):
+    if not all(plan_options.values()):
         config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
         ops = DecodeOperands(*problem.arrays)
         out = torch.empty(config.problem.out_shape, dtype=problem.q.dtype, device="cuda")
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="+", required=True, help="rows whose label contains one of these")
     parser.add_argument("--exclude", nargs="*", default=[], help="skip rows whose label contains one of these")
     parser.add_argument("--splits", type=int, default=None, help="fixed num_kv_splits (default: planned)")
-    parser.add_argument("--device-schedule", action="store_true", help="the Gluon MLA stage 1's device-side schedule")
-    parser.add_argument("--hopper-multi-token", action="store_true", help="the Gluon MLA stage 1 for q_len > 1")
+    parser.add_argument("--fixed-splits", action="store_true", help="no device-side schedule for the Gluon MLA stage 1")
+    parser.add_argument("--portable-multi-token", action="store_true", help="q_len > 1 on the portable stage 1")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
     rows = [
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         if row.label in seen:
             continue
         seen.add(row.label)
-        options = dict(device_schedule=args.device_schedule, hopper_multi_token=args.hopper_multi_token)
+        options = dict(device_schedule=not args.fixed_splits, hopper_multi_token=not args.portable_multi_token)
         times = kernel_times(row, args.calls, args.splits, **options)
         parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
         print(f"{row.label}: {sum(times.values()):.1f} us = {parts}")

@@ -185,9 +185,15 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
     torch.cuda.synchronize()
     from torch_bridge.launcher import _DECODE_LAUNCHERS
 
-    gluon = [run.config for run in _DECODE_LAUNCHERS.values() if run.gluon is not None]
-    assert any(c.problem.num_heads == num_heads and c.problem.page_size == page_size for c in gluon), "Gluon ran"
-    assert not any(c.schedule_programs for c in gluon), "the frontends plan fixed splits"
+    def ours(run):
+        return run.gluon is not None and (run.config.problem.num_heads, run.config.problem.page_size) == (
+            num_heads,
+            page_size,
+        )
+
+    runs = [run for run in _DECODE_LAUNCHERS.values() if ours(run)]
+    assert runs, "Gluon ran"
+    assert all((run.schedule is not None) == bool(run.config.schedule_programs) for run in runs)
 
     rows = list(range(len(LENGTHS)))
     host = problem.host_rows(rows)
@@ -205,11 +211,13 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
     np.testing.assert_array_equal(np.asarray(jax_lse), lse.cpu().numpy())
 
 
-def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, **plan_options):
-    """Plan the Gluon stage 1 with ``plan_options`` of make_launch_config (which the
-    frontends do not pass), launch it through torch_bridge's launcher and through the
-    JAX backend with that one config: against the float64 oracle, and bit-identical to
-    each other.  Returns the config."""
+def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, schedule: bool = False):
+    """Plan the Gluon stage 1 (with ``schedule``, under the device-side schedule even
+    where the planner would take one fixed split), launch it through torch_bridge's
+    launcher and through the JAX backend with that one config: against the float64
+    oracle, and bit-identical to each other.  Returns the config."""
+    import dataclasses
+
     torch = _needs_hopper_path()
     import jax
     import numpy as np
@@ -227,7 +235,12 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, **pl
     q, k_cache, _, page_table, seq_lens = problem.arrays
     mla = _mla(batch=len(LENGTHS), num_heads=num_heads, max_pages=page_table.shape[1], num_pages=k_cache.shape[0],
                q_len=q_len or 1, token_axis=q_len is not None)  # fmt: skip
-    config = make_launch_config(mla, device_info(q.device), num_kv_splits, **plan_options)
+    device = device_info(q.device)
+    config = make_launch_config(mla, device, num_kv_splits)
+    if schedule:
+        from jax_decode.launch.planner import hopper_mla_schedule_programs
+
+        config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(mla, device))
     assert config.hopper_mla
     out = torch.empty(mla.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(mla.lse_shape, dtype=torch.float32, device=q.device)
@@ -254,16 +267,16 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, **pl
 def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
     """The Gluon stage 1 under the device-side schedule (its schedule kernel, chunks and
     merge) on long-tailed lengths."""
-    config = _check_planned_launch(num_heads, None, None, device_schedule=True)
+    config = _check_planned_launch(num_heads, None, None, schedule=True)
     assert config.schedule_programs > 0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_heads, q_len, num_kv_splits", [(16, 2, None), (16, 4, 1), (128, 2, 3), (100, 3, None)])
 def test_multi_token_rows_match_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits):
-    """The Gluon stage 1 with (query token, head) rows (``hopper_multi_token``), causal
-    among the new tokens, rows shorter than q_len included."""
-    _check_planned_launch(num_heads, q_len, num_kv_splits, hopper_multi_token=True)
+    """The Gluon stage 1 with (query token, head) rows, causal among the new tokens, rows
+    shorter than q_len included."""
+    _check_planned_launch(num_heads, q_len, num_kv_splits)
 
 
 @pytest.mark.gpu
@@ -362,9 +375,10 @@ def test_gluon_splits_hedge_around_the_measured_best(batch, num_heads, max_pages
         assert config.num_kv_splits == best
 
     assert not _plan(problem, device_schedule=False).schedule_programs
-    # Several rows: the device-side schedule, one wave of programs; the fixed splits
-    # remain what the portable stand-in (and a batch of one row) runs.
-    assert config.schedule_programs == (0 if batch == 1 else 132 // head_blocks)
+    # Several rows: the device-side schedule, one wave of programs, unless one fixed
+    # split writes the output in one pass; the fixed splits remain what the portable
+    # stand-in (and a batch of one row) runs.
+    assert config.schedule_programs == (0 if batch == 1 or config.num_kv_splits == 1 else 132 // head_blocks)
     if config.schedule_programs:
         launch = config.hopper_stage1(config.contiguous_strides())
         assert launch.grid == (head_blocks, 132 // head_blocks, 1)
@@ -377,13 +391,13 @@ def test_gluon_splits_hedge_around_the_measured_best(batch, num_heads, max_pages
     assert [view.operand for view in launch.tma] == ["q", "q", "k_cache", "k_cache"]
 
 
-def test_multi_token_rows_only_where_asked():
+def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
     from jax_decode.launch import DeviceInfo, make_launch_config
 
     device = DeviceInfo(**H200, hopper_kernels=True)
     two = _mla(batch=8, num_heads=16, q_len=2, token_axis=True)
-    assert not make_launch_config(two, device).hopper_mla
-    config = make_launch_config(two, device, hopper_multi_token=True)
+    assert not make_launch_config(two, device, hopper_multi_token=False).hopper_mla
+    config = make_launch_config(two, device)
     assert config.hopper_mla and not config.schedule_programs  # the schedule takes one token
     strides = config.contiguous_strides()
     launch = config.hopper_stage1(strides)

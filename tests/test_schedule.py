@@ -19,14 +19,21 @@ TILE = 64
 
 
 def _config(batch, num_heads=16, max_pages=8, page_size=64, num_sms=12):
+    import dataclasses
+
     from jax_decode.launch import DecodeProblem, DeviceInfo, make_launch_config
+    from jax_decode.launch.planner import hopper_mla_schedule_programs
 
     problem = DecodeProblem(
         batch=batch, num_heads=num_heads, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
         num_pages=batch * max_pages, page_size=page_size, max_pages=max_pages, dtype="bfloat16", v_from_k=True,
         sm_scale=1 / math.sqrt(576), logit_cap=0.0,
     )  # fmt: skip
-    config = make_launch_config(problem, DeviceInfo("nvidia", 90, num_sms, hopper_kernels=True), device_schedule=True)
+    device = DeviceInfo("nvidia", 90, num_sms, hopper_kernels=True)
+    config = make_launch_config(problem, device)
+    assert config.schedule_programs in (0, hopper_mla_schedule_programs(problem, device))  # 0: one fixed split
+    # The schedule whatever the fixed splits (the planner skips it where one split does).
+    config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(problem, device))
     assert config.schedule_programs == num_sms // math.ceil(num_heads / 64)
     return config
 

@@ -263,17 +263,19 @@ def make_launch_config(
     device: DeviceInfo,
     num_kv_splits: int | None = None,
     *,
-    device_schedule: bool = False,
-    hopper_multi_token: bool = False,
+    device_schedule: bool = True,
+    hopper_multi_token: bool = True,
 ) -> LaunchConfig:
     """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one.
 
     ``device_schedule``: where the planner picks the splits of the Gluon MLA stage 1,
-    run it under the device-side schedule instead (:func:`hopper_mla_schedule_programs`).
-    Off in the frontends until it is measured no slower than fixed splits on uniform
-    batches (docs/performance.md); benchmarks and tests ask for it.
+    run it under the device-side schedule instead (:func:`hopper_mla_schedule_programs`),
+    unless the fixed splits would be one: that launch writes the output itself, while
+    the schedule always merges fp32 partials (measured on the H200: DeepSeek-V3 b128
+    ctx 1k 102.5 us in one pass, 132.3 scheduled; every other multi-row DeepSeek-V3 row
+    faster scheduled, docs/performance.md).  False: fixed splits (benchmarks compare).
     ``hopper_multi_token``: let the Gluon MLA stage 1 take several query tokens per row
-    (its rows (token, head) pairs); off in the frontends until it has run on a GPU.
+    (its rows (token, head) pairs); False keeps them on the portable kernel.
     """
     p = problem
     check_cache_dtype_on_device(p.cache_dtype, device)
@@ -319,7 +321,8 @@ def make_launch_config(
     schedule_programs = 0
     if num_kv_splits is None and hopper_mla:
         num_kv_splits = hopper_mla_splits(p, device)
-        schedule_programs = hopper_mla_schedule_programs(p, device) if device_schedule else 0
+        if device_schedule and num_kv_splits > 1:
+            schedule_programs = hopper_mla_schedule_programs(p, device)
     elif num_kv_splits is None:
         program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
         num_kv_splits = choose_splits(p, device, program, p.num_kv_heads * head_blocks, block_n)
