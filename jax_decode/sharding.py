@@ -113,6 +113,12 @@ def _size(mesh, axes: tuple[str, ...]) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
+def _shard(size: int, mesh, axes: tuple[str, ...]) -> int:
+    """A dimension's length on each device: XLA pads a dimension the axes do not divide,
+    so every shard is the rounded-up share (the last one partly padding)."""
+    return -(-size // _size(mesh, axes))
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
     """The mesh axes each dimension of the call is split over."""
@@ -271,10 +277,10 @@ def sharded_decode(ops: DecodeOperands, problem: DecodeProblem, compute: Callabl
         split = plan_decode(mesh, dims, problem)
         local = dataclasses.replace(
             problem,
-            batch=problem.batch // _size(mesh, split.batch),
-            num_heads=problem.num_heads // _size(mesh, split.heads),
-            num_kv_heads=problem.num_kv_heads // _size(mesh, split.kv_heads),
-            num_pages=problem.num_pages // _size(mesh, split.pages),
+            batch=_shard(problem.batch, mesh, split.batch),
+            num_heads=problem.num_heads // _size(mesh, split.heads),  # (plan_decode: even splits only)
+            num_kv_heads=_shard(problem.num_kv_heads, mesh, split.kv_heads),
+            num_pages=_shard(problem.num_pages, mesh, split.pages),
             has_sinks=problem.has_sinks and not split.pages,  # added once, after the merge
         )
 
@@ -334,8 +340,8 @@ def sharded_write(ops: WriteOperands, problem: WriteProblem, compute: Callable, 
         split = plan_write(mesh, dims)
         local = dataclasses.replace(
             problem,
-            num_kv_heads=problem.num_kv_heads // _size(mesh, split.kv_heads),
-            num_pages=problem.num_pages // _size(mesh, split.pages),
+            num_kv_heads=_shard(problem.num_kv_heads, mesh, split.kv_heads),
+            num_pages=_shard(problem.num_pages, mesh, split.pages),
         )
 
         def on_shard(*arrays):

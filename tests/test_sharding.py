@@ -309,3 +309,96 @@ def test_multi_token_rows_partition_like_one_token_rows(mode):
         assert out.sharding.is_fully_replicated
     else:
         assert out.sharding.spec == expected and lse.sharding.spec == expected
+
+
+# --------------------------------------------------------------------------- found by an outside tester
+
+
+def _uneven_problem(num_pages: int, batch: int = 8):
+    lengths = [0, 1, 13, 23, 24, 7, 20, 3, 17, 9][:batch]
+    problem = make_paged_problem(
+        batch=batch, num_heads=8, num_kv_heads=4, head_dim_qk=16, page_size=4, seq_lens=lengths, max_pages=6,
+        spare_pages=0, sinks=False, seed=7,
+    )  # fmt: skip
+    pages = problem.k_cache.shape[0]
+    assert pages <= num_pages
+    pad = [(0, num_pages - pages)] + [(0, 0)] * 3
+    problem.k_cache, problem.v_cache = np.pad(problem.k_cache, pad), np.pad(problem.v_cache, pad)
+    return problem
+
+
+@pytest.mark.parametrize(("n", "num_pages"), [(4, 69), (4, 67), (8, 61), (2, 69)])
+def test_pages_that_do_not_divide_evenly(n, num_pages):
+    """A page count the mesh does not divide (XLA pads the last shard: a sharding
+    constraint inside jit allows it where device_put does not) still gives each device
+    the pages it holds."""
+    problem = _uneven_problem(num_pages)
+    mesh = _mesh((n,), ("sp",))
+    spec = NamedSharding(mesh, P("sp"))
+
+    @jax.jit
+    def step(q, k, v, pt, sl):
+        k, v = jax.lax.with_sharding_constraint(k, spec), jax.lax.with_sharding_constraint(v, spec)
+        return jax_decode.decode_attention(q, k, v, pt, sl, return_lse=True, backend="xla")
+
+    out, lse = step(*map(jnp.asarray, problem.arrays))
+    expected_out, expected_lse = decode_attention_reference(*problem.arrays)
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected_out, **OUT_TOL["float32"])
+    np.testing.assert_allclose(np.asarray(lse, np.float64), expected_lse, **LSE_TOL)
+
+
+@pytest.mark.parametrize(("n", "batch"), [(4, 10), (8, 10), (4, 3)])
+def test_a_batch_that_does_not_divide_evenly(n, batch):
+    problem = _uneven_problem(64, batch=batch)
+    mesh = _mesh((n,), ("dp",))
+    spec = NamedSharding(mesh, P("dp"))
+
+    @jax.jit
+    def step(q, k, v, pt, sl):
+        q, pt, sl = (jax.lax.with_sharding_constraint(x, spec) for x in (q, pt, sl))
+        return jax_decode.decode_attention(q, k, v, pt, sl, return_lse=True, backend="xla")
+
+    out, lse = step(*map(jnp.asarray, problem.arrays))
+    expected_out, expected_lse = decode_attention_reference(*problem.arrays)
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected_out, **OUT_TOL["float32"])
+    np.testing.assert_allclose(np.asarray(lse, np.float64), expected_lse, **LSE_TOL)
+
+
+@pytest.mark.parametrize(("n", "num_pages", "kv_heads", "spec"), [(4, 17, 2, P("sp")), (8, 61, 2, P("sp")),
+                                                                  (2, 16, 3, P(None, None, "sp"))])  # fmt: skip
+def test_write_kv_into_pages_or_heads_that_do_not_divide_evenly(n, num_pages, kv_heads, spec):
+    rng = np.random.default_rng(3)
+    cache = np.zeros((num_pages, 4, kv_heads, 8), np.float32)
+    new = rng.standard_normal((6, kv_heads, 8)).astype(np.float32)
+    slots = np.array([0, 5, 4 * num_pages - 1, 4 * (num_pages - 1), 33, 4 * (num_pages // 2) + 1], np.int32)
+    mesh = _mesh((n,), ("sp",))
+    spec = NamedSharding(mesh, spec)
+
+    @jax.jit
+    def step(cache, new, slots):
+        cache = jax.lax.with_sharding_constraint(cache, spec)
+        return jax_decode.write_kv(cache, None, new, None, slots, backend="xla")
+
+    got = np.asarray(step(jnp.asarray(cache), jnp.asarray(new), jnp.asarray(slots))[0])
+    expected = cache.reshape(-1, kv_heads, 8).copy()
+    expected[slots] = new
+    np.testing.assert_array_equal(got.reshape(-1, kv_heads, 8), expected)
+
+
+def test_heads_that_do_not_divide_evenly_are_refused():
+    """12 query heads on 3 KV heads over 2 devices: no even share of KV heads."""
+    problem = make_paged_problem(batch=2, num_heads=12, num_kv_heads=3, head_dim_qk=16, page_size=4, seq_lens=[5, 9],
+                                 max_pages=4, sinks=False, seed=1)  # fmt: skip
+    mesh = _mesh((2,), ("tp",))
+    heads, kv = NamedSharding(mesh, P(None, "tp")), NamedSharding(mesh, P(None, None, "tp"))
+
+    @jax.jit
+    def step(q, k, v, pt, sl):
+        q = jax.lax.with_sharding_constraint(q, heads)
+        k, v = jax.lax.with_sharding_constraint(k, kv), jax.lax.with_sharding_constraint(v, kv)
+        return jax_decode.decode_attention(q, k, v, pt, sl, backend="xla")
+
+    with pytest.raises(
+        jax.errors.JaxRuntimeError, match=r"ShardingError: the caches' 3 KV heads cannot be split evenly"
+    ):
+        step(*map(jnp.asarray, problem.arrays))
