@@ -573,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--suite", default="core", choices=(*SUITES, "all"))  # "all": core and models
     parser.add_argument("--rows", nargs="*", help="only rows whose label contains one of these")
+    parser.add_argument("--exclude", nargs="*", default=[], help="no rows whose label contains one of these")
     parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
                         help=f"comma-separated, of: {', '.join(IMPLEMENTATIONS)}")  # fmt: skip
     parser.add_argument("--per-call", action="store_true", help="time single calls, host included")
@@ -586,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for suite in suites for row in SUITES[suite]()]
     if args.rows:
         rows = [r for r in rows if any(s in r.label for s in args.rows)]
+    rows = [r for r in rows if not any(s in r.label for s in args.exclude)]
     wanted = tuple(i.strip() for i in args.impls.split(",") if i.strip())
     unknown = set(wanted) - set(IMPLEMENTATIONS)
     if unknown:
