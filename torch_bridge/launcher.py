@@ -219,6 +219,9 @@ class DecodeRun:
                 self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), mid_o, mid_lse))
                 self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
                 return
+        if self.fixed.one_pass:
+            self.stage1((*operands.stage1_inputs(ops, p), out, lse))
+            return
         if mid_o is None:
             mid_o, mid_lse = scratch(self.fixed, out)
         self.stage1((*operands.stage1_inputs(ops, p), mid_o, mid_lse))

@@ -72,10 +72,13 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
     def host(t: operands.DecodeOperands):
         out = torch.empty(out_type.shape, dtype=t.q.dtype)
         lse = torch.empty(lse_type.shape, dtype=torch.float32)
-        mid_o = torch.empty(config.mid_o_shape, dtype=torch.float32)
-        mid_lse = torch.empty(config.mid_lse_shape, dtype=torch.float32)
-        run_interpreted(config.stage1(strides), (*operands.stage1_inputs(t, p), mid_o, mid_lse))
-        run_interpreted(config.stage2(strides), (*operands.stage2_inputs(t, mid_o, mid_lse), out, lse))
+        if config.one_pass:
+            run_interpreted(config.stage1(strides), (*operands.stage1_inputs(t, p), out, lse))
+        else:
+            mid_o = torch.empty(config.mid_o_shape, dtype=torch.float32)
+            mid_lse = torch.empty(config.mid_lse_shape, dtype=torch.float32)
+            run_interpreted(config.stage1(strides), (*operands.stage1_inputs(t, p), mid_o, mid_lse))
+            run_interpreted(config.stage2(strides), (*operands.stage2_inputs(t, mid_o, mid_lse), out, lse))
         return host_array(out, out_type.dtype), lse.numpy()
 
     return _on_host(host, (out_type, lse_type), ops)

@@ -196,9 +196,10 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
             return tuple(gluon_call(*inputs, launch=launch, out_types=out_types, device=config.device))
         mid_o, mid_lse = gluon_call(*inputs, launch=launch, out_types=mid_types, device=config.device)
     else:
-        mid_o, mid_lse = triton_call(
-            *operands.stage1_inputs(ops, p), launch=config.stage1(strides), out_types=mid_types, device=config.device
-        )
+        inputs = operands.stage1_inputs(ops, p)
+        if config.one_pass:
+            return tuple(triton_call(*inputs, launch=config.stage1(strides), out_types=out_types, device=config.device))
+        mid_o, mid_lse = triton_call(*inputs, launch=config.stage1(strides), out_types=mid_types, device=config.device)
     return triton_call(
         *operands.stage2_inputs(ops, mid_o, mid_lse),
         launch=config.stage2(strides),

@@ -71,8 +71,8 @@ def _decode_stage1(
     k_scale_ptr,  # f32 [1] or [num_kv_heads]: K dequantisation scale (read if K_SCALE)
     v_scale_ptr,  # f32 [1] or [num_kv_heads]: V dequantisation scale (read if V_SCALE)
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
-    mid_o_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits, head_dim_v]
-    mid_lse_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits]
+    mid_o_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits, head_dim_v] (or the final out, see below)
+    mid_lse_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits] (or the final lse)
     STRIDE_QB: tl.constexpr,
     STRIDE_QT: tl.constexpr,
     STRIDE_QH: tl.constexpr,
@@ -113,9 +113,14 @@ def _decode_stage1(
     CAPACITY: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr,
     Q_LEN: tl.constexpr,  # query tokens per row: its last Q_LEN positions, causal among themselves
+    ROUND_BY_BITS: tl.constexpr,  # the interpreter, whose float32 -> bfloat16 cast truncates
 ):
     """Attention of a row's query tokens over one KV split, for one head or a block of
     query rows.
+
+    With one split (and no sinks) it may be given the final ``out`` (q's dtype) and
+    ``lse`` with split strides 0: it writes exactly what stage 2 would, rounded to
+    nearest even, and stage 2 is skipped.
 
     ``BLOCK_H == 1`` (MHA, one token): one query head per program, q.k and p.v by
     multiply-and-reduce in fp32 (no tensor cores needed).  ``BLOCK_H >= 16``: the
@@ -246,6 +251,7 @@ def _decode_stage1(
     if Q_LEN > 1:
         mid_rows += tok * STRIDE_MOT
         lse_rows += tok * STRIDE_MLT
+    o = cast_rne(o, mid_o_ptr.dtype.element_ty, ROUND_BY_BITS)  # (a no-op into fp32 partials)
     if BLOCK_H == 1:
         tl.store(mid_o_ptr + mid_rows + offs_dv, o, mask=mask_dv)
     else:

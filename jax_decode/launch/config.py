@@ -158,8 +158,15 @@ class LaunchConfig:
     def contiguous_strides(self) -> KernelStrides:
         return KernelStrides.contiguous(self.problem, self.num_kv_splits)
 
-    def stage1(self, strides: KernelStrides) -> KernelLaunch:
+    def stage1(self, strides: KernelStrides, partials: bool = False) -> KernelLaunch:
+        """The portable stage 1; with :attr:`one_pass` it writes ``out`` and ``lse``
+        (``strides.out``/``strides.lse``), else (or with ``partials``: the two-stage
+        form one pass stands for, which tests compare it with) the partial results."""
         p = self.problem
+        if self.one_pass and not partials:
+            mid_o, mid_lse, mid_tokens = (*strides.out, 0), (*strides.lse, 0), strides.tokens[3:5]
+        else:
+            mid_o, mid_lse, mid_tokens = strides.mid_o, strides.mid_lse, strides.tokens[1:3]
         meta: dict[str, object] = dict(
             STRIDE_QB=strides.q[0],
             STRIDE_QT=strides.tokens[0],
@@ -171,14 +178,14 @@ class LaunchConfig:
             STRIDE_VS=strides.v[1],
             STRIDE_VH=strides.v[2],
             STRIDE_PTB=strides.page_table,
-            STRIDE_MOB=strides.mid_o[0],
-            STRIDE_MOT=strides.tokens[1],
-            STRIDE_MOH=strides.mid_o[1],
-            STRIDE_MOS=strides.mid_o[2],
-            STRIDE_MLB=strides.mid_lse[0],
-            STRIDE_MLT=strides.tokens[2],
-            STRIDE_MLH=strides.mid_lse[1],
-            STRIDE_MLS=strides.mid_lse[2],
+            STRIDE_MOB=mid_o[0],
+            STRIDE_MOT=mid_tokens[0],
+            STRIDE_MOH=mid_o[1],
+            STRIDE_MOS=mid_o[2],
+            STRIDE_MLB=mid_lse[0],
+            STRIDE_MLT=mid_tokens[1],
+            STRIDE_MLH=mid_lse[1],
+            STRIDE_MLS=mid_lse[2],
             SM_SCALE=float(p.sm_scale),
             LOGIT_CAP=float(p.logit_cap),
             K_SCALE=p.k_scale,
@@ -203,6 +210,7 @@ class LaunchConfig:
             CAPACITY=p.capacity,
             NUM_KV_SPLITS=self.num_kv_splits,
             Q_LEN=p.q_len,
+            ROUND_BY_BITS=self.device.vendor == "cpu",
         )
         return KernelLaunch("stage1", self.stage1_grid, self.num_warps, self.num_stages, tuple(meta.items()))
 
@@ -233,9 +241,10 @@ class LaunchConfig:
 
     @property
     def one_pass(self) -> bool:
-        """The Gluon stage 1 with one split writes ``out`` and ``lse`` itself (its merge of
-        one split is the identity): stage 2 is not launched."""
-        return self.hopper_mla and not self.schedule_programs and self.num_kv_splits == 1
+        """Stage 1 with one split writes ``out`` and ``lse`` itself and stage 2 is not
+        launched: stage 2's merge of one split is the identity, bit for bit (weight
+        exp(0) = 1, denominator 1, LSE + log 1), except that it adds sinks."""
+        return not self.schedule_programs and self.num_kv_splits == 1 and not self.problem.has_sinks
 
     @property
     def schedule_shape(self) -> tuple[int]:
