@@ -48,14 +48,15 @@ def _arrays(num_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size, dtype, 
     )
 
 
-def _lower(name, compute_capability, backend, platform):
+def _lower(name, compute_capability, backend, platform, num_kv_splits=None):
     num_heads, num_kv_heads, dqk, dv, page_size, dtype, mla, cap = VARIANTS[name]
     q, k, v, pt, sl = _arrays(num_heads, num_kv_heads, dqk, dv, page_size, dtype, mla)
 
     def step(q, k, v, pt, sl):
         return jax_decode.decode_attention(
-            q, k, v, pt, sl, head_dim_v=dv, logit_cap=cap, return_lse=True, backend=backend
-        )
+            q, k, v, pt, sl, head_dim_v=dv, logit_cap=cap, return_lse=True, backend=backend,
+            num_kv_splits=num_kv_splits,
+        )  # fmt: skip
 
     target = jax_decode.DeviceInfo(vendor="nvidia", compute_capability=compute_capability, num_sms=132)
     with jax_decode.compile_target(target):
@@ -65,8 +66,15 @@ def _lower(name, compute_capability, backend, platform):
 @pytest.mark.parametrize("compute_capability", [80, 90])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_compiles_for_cuda(name, compute_capability):
-    text = _lower(name, compute_capability, "triton", "cuda")
-    assert text.count("triton_kernel_call") >= 2  # stage 1 and stage 2
+    text = _lower(name, compute_capability, "triton", "cuda", num_kv_splits=2)
+    assert text.count("triton_kernel_call") == 2  # stage 1 and stage 2
+
+
+@pytest.mark.parametrize("compute_capability", [80, 90])
+@pytest.mark.parametrize("name", ["gqa_bf16", "mha_f32", "mla_576_512"])
+def test_one_split_compiles_to_one_launch(name, compute_capability):
+    """With one split stage 1 writes the output itself (tests/test_one_pass.py)."""
+    assert _lower(name, compute_capability, "triton", "cuda", num_kv_splits=1).count("triton_kernel_call") == 1
 
 
 def test_auto_lowers_triton_for_cuda_and_xla_for_cpu():
@@ -91,7 +99,7 @@ def test_vmap_lowers_to_one_launch_per_stage():
     stacked = [jax.ShapeDtypeStruct((4, *x.shape), x.dtype) for x in (q, pt, sl)]
 
     def call(q, pt, sl):
-        return jax_decode.decode_attention(q, k_arr, v_arr, pt, sl, backend="triton")
+        return jax_decode.decode_attention(q, k_arr, v_arr, pt, sl, backend="triton", num_kv_splits=2)
 
     k_arr, v_arr = jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype)
     with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
@@ -129,7 +137,7 @@ def test_feature_variant_compiles_for_sm90(name):
     def step(q, k, v, pt, sl, **extras):
         return jax_decode.decode_attention(
             q, k, v, pt, sl, head_dim_v=dv, logit_cap=cap, window_left=window_left, return_lse=True,
-            backend="triton", **extras,
+            backend="triton", num_kv_splits=2, **extras,
         )  # fmt: skip
 
     with jax_decode.compile_target(jax_decode.DeviceInfo("nvidia", 90, 132)):
@@ -183,7 +191,7 @@ def test_multi_token_variant_compiles_for_cuda(name, compute_capability):
 
     def step(q, k, v, pt, sl):
         return jax_decode.decode_attention(q, k, v, pt, sl, head_dim_v=dv, window_left=100, return_lse=True,
-                                           backend="triton")  # fmt: skip
+                                           backend="triton", num_kv_splits=2)  # fmt: skip
 
     target = jax_decode.DeviceInfo(vendor="nvidia", compute_capability=compute_capability, num_sms=132)
     with jax_decode.compile_target(target):
