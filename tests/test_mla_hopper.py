@@ -519,14 +519,21 @@ def _check_jax_lowering(num_kv_splits) -> None:
                             token_axis=True), num_kv_splits=2)  # fmt: skip
         assert config.hopper_mla
 
-        def step(q, k, pt, sl):  # noqa: F811 - the frontends do not plan (token, head) rows yet
+        def step(q, k, pt, sl):  # noqa: F811 - the planned config itself, checked above to be the Gluon one
             return triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config)
 
     if num_kv_splits == "device":
-        config = _plan(_mla(batch=batch, num_heads=num_heads, max_pages=max_pages, num_pages=num_pages))
+        import dataclasses
+
+        from jax_decode.launch.planner import hopper_mla_schedule_programs
+
+        problem = _mla(batch=batch, num_heads=num_heads, max_pages=max_pages, num_pages=num_pages)
+        config = _plan(problem)
+        # The schedule even where the planner takes one split for this small problem.
+        config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(problem, config.device))
         assert config.schedule_programs
 
-        def step(q, k, pt, sl):  # noqa: F811 - the frontends do not plan the schedule yet
+        def step(q, k, pt, sl):  # noqa: F811
             return triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config)
 
     with jax_decode.compile_target(jax_decode.DeviceInfo(**H200, hopper_kernels=True)):
