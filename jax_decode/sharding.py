@@ -289,7 +289,12 @@ def sharded_decode(ops: DecodeOperands, problem: DecodeProblem, compute: Callabl
             sinks = shard.sinks
             if split.pages:  # global page ids -> this device's; the kernels leave out the others'
                 offset = jax.lax.axis_index(split.pages) * local.num_pages
-                shard = shard._replace(page_table=shard.page_table - offset.astype(shard.page_table.dtype), sinks=None)
+                table = shard.page_table
+                # An id past the cache (>= num_pages) would land in the padding XLA adds to
+                # the last shard when the mesh does not divide the pages: make it invalid.
+                valid = (table >= 0) & (table < problem.num_pages)
+                table = jnp.where(valid, table - offset.astype(table.dtype), -1)
+                shard = shard._replace(page_table=table, sinks=None)
             out, lse = compute(shard, local)
             if split.pages:
                 out, lse = merge_over(split.pages, out, lse, sinks)
