@@ -72,3 +72,21 @@ def test_sinks_keep_stage2():
     given = DecodeOperands(*arrays, sinks=to_tensor(problem.extras["sinks"]))
     decode, _ = prepare_decode(given, DecodeOptions(None, None, 0.0, None, 1), TORCH)
     assert not make_launch_config(decode, device_info(torch.device("cpu")), 1).one_pass
+
+
+@pytest.mark.parametrize("case", [MHA, MQA], ids=["mha", "mqa"])
+def test_an_out_sharing_memory_with_q_takes_two_stages(case):
+    """One pass writes out while other programs still read q: an out that shares q's
+    memory (here each row's output lies on the next row's query) must see q as it was."""
+    import torch_bridge
+    from jax_decode.reference import decode_attention_reference
+
+    problem = case.problem()
+    q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
+    batch, heads, dim = q.shape
+    buffer = torch.zeros((batch + 1) * heads * dim, dtype=q.dtype, device=DEVICE)
+    shared_q = buffer[: batch * heads * dim].view(q.shape).copy_(q)
+    out = buffer[heads * dim :].view(q.shape)
+    expected, _ = decode_attention_reference(*problem.arrays)
+    torch_bridge.decode_attention(shared_q, k, v, pt, sl, num_kv_splits=1, out=out)
+    np.testing.assert_allclose(out.double().cpu().numpy(), expected, atol=2e-5, rtol=2e-5)

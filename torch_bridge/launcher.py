@@ -190,8 +190,10 @@ class DecodeRun:
         self.config = config
         # The fixed-split config: what runs where the Gluon kernel cannot.
         self.fixed = dataclasses.replace(config, schedule_programs=0) if config.schedule_programs else config
+        self.strides = strides
         self.stage1 = StageLauncher(self.fixed.stage1(strides))
         self.stage2 = StageLauncher(self.fixed.stage2(strides))
+        self._stage1_partials = None
         self.gluon = self.schedule = self.merge = None
         if config.hopper_mla and device_index >= 0 and config.tma_ready(strides):
             self.gluon = GluonLauncher(config.hopper_stage1(strides), device_index)
@@ -199,8 +201,12 @@ class DecodeRun:
                 self.schedule = StageLauncher(config.schedule())
                 self.merge = StageLauncher(config.schedule_merge(strides))
 
-    def __call__(self, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse) -> None:
+    def __call__(self, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse, out_given: bool = True) -> None:
+        """Launch on ``ops`` into ``out``/``lse``.  ``out_given``: ``out`` is the caller's
+        and may share memory with an input, in which case one pass (stage 1 writing
+        ``out`` while other programs still read the inputs) gives way to two stages."""
         config, p = self.config, self.config.problem
+        one_pass = config.one_pass and not (out_given and _may_overlap(out, ops))
         if self.gluon is not None and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse):
             tensors = dict(q=ops.q, k_cache=ops.k_cache)
             if self.schedule is not None:
@@ -210,28 +216,46 @@ class DecodeRun:
                 self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule), mid_o, mid_lse))
                 self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule), out, lse))
                 return
-            if config.one_pass:
+            if one_pass:
                 self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), out, lse))
                 return
-            if mid_o is None:
-                mid_o, mid_lse = scratch(self.fixed, out)
-            if _aligned(mid_o, mid_lse):
-                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), mid_o, mid_lse))
-                self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
-                return
-        if self.fixed.one_pass:
+            if not config.one_pass:  # (the one-pass launch cannot write partial results)
+                if mid_o is None:
+                    mid_o, mid_lse = scratch(self.fixed, out)
+                if _aligned(mid_o, mid_lse):
+                    self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), mid_o, mid_lse))
+                    self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
+                    return
+        fixed_one_pass = self.fixed.one_pass and not (out_given and _may_overlap(out, ops))
+        if fixed_one_pass:
             self.stage1((*operands.stage1_inputs(ops, p), out, lse))
             return
+        stage1 = self.stage1
+        if self.fixed.one_pass:  # one split, but out shares memory with an input
+            if self._stage1_partials is None:
+                self._stage1_partials = StageLauncher(self.fixed.stage1(self.strides, partials=True))
+            stage1 = self._stage1_partials
         if mid_o is None:
             mid_o, mid_lse = scratch(self.fixed, out)
-        self.stage1((*operands.stage1_inputs(ops, p), mid_o, mid_lse))
+        stage1((*operands.stage1_inputs(ops, p), mid_o, mid_lse))
         self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
+
+
+def _may_overlap(out, ops: operands.DecodeOperands) -> bool:
+    """Whether ``out`` may share memory with q or a cache (torch's own conservative test:
+    same storage)."""
+    overlaps = torch._C._overlaps
+    return (
+        overlaps(out, ops.q) or overlaps(out, ops.k_cache) or (ops.v_cache is not None and overlaps(out, ops.v_cache))
+    )
 
 
 _DECODE_LAUNCHERS: dict[tuple, DecodeRun] = {}
 
 
-def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse) -> DecodeRun | None:
+def launch_decode(
+    config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse, out_given: bool = True
+) -> DecodeRun | None:
     """Run the decode, writing ``out`` and ``lse`` in place; returns the :class:`DecodeRun`
     it launched (None for an empty batch), which a caller may call directly on later
     operands of the same config, device and strides.
@@ -240,7 +264,8 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
     float32 ``[1]``/``[num_kv_heads]`` and sinks float32 ``[num_heads]`` exactly where
     the config says so), on one device.  ``mid_o``/``mid_lse``: the fixed splits'
     scratch (the vLLM drop-in's ``attn_logits``), or None for scratch allocated here as
-    the launch needs it.
+    the launch needs it.  ``out_given=False``: ``out`` was allocated for this call (it
+    shares no memory with an input; see :class:`DecodeRun`).
 
     Where the config chooses the Gluon MLA stage 1 it runs if q and the cache are
     TMA-addressable (row views, 16-byte aligned); otherwise the portable stage 1 takes
@@ -261,7 +286,7 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
         mid_strides = config.contiguous_strides() if mid_o is None else None
         strides = kernel_strides(ops, config.problem, mid_o, mid_lse, out, lse, mid_strides)
         run = _DECODE_LAUNCHERS[key] = DecodeRun(config, strides, ops.q.get_device())
-    run(ops, mid_o, mid_lse, out, lse)
+    run(ops, mid_o, mid_lse, out, lse, out_given)
     return run
 
 

@@ -260,12 +260,13 @@ def _accept(key: tuple | None, config: LaunchConfig, run: DecodeRun | None) -> N
         _ACCEPTED[key] = _Accepted(config, run)
 
 
-def _launch(key, accepted: _Accepted | None, config: LaunchConfig, ops: DecodeOperands, mid_o, mid_lse, out, lse):
+def _launch(key, accepted: _Accepted | None, config: LaunchConfig, ops: DecodeOperands, mid_o, mid_lse, out, lse,
+            out_given: bool):  # fmt: skip
     """Launch through the accepted call's launcher, or find one and accept the call."""
     if accepted is not None and accepted.run is not None:
-        accepted.run(ops, mid_o, mid_lse, out, lse)
+        accepted.run(ops, mid_o, mid_lse, out, lse, out_given)
     else:
-        _accept(key, config, launch_decode(config, ops, mid_o, mid_lse, out, lse))
+        _accept(key, config, launch_decode(config, ops, mid_o, mid_lse, out, lse, out_given))
 
 
 def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options: DecodeOptions, out,
@@ -290,11 +291,12 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
         given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, *_scale_arrays(q, k_scale, v_scale), sinks)
         ops = kernel_operands(given, config.problem, TORCH)
     p = config.problem
+    out_given = out is not None
     if out is None:
         out = q.new_empty(p.out_shape)
     if lse is None:
         lse = q.new_empty(p.lse_shape, dtype=torch.float32) if return_lse else _lse_sink(q, p.lse_shape)
-    _launch(key, accepted, config, ops, None, None, out, lse)
+    _launch(key, accepted, config, ops, None, None, out, lse, out_given)
     return out, lse
 
 
@@ -318,7 +320,7 @@ def _run_decode_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logi
         ops = kernel_operands(given, config.problem, TORCH)
     dv = config.problem.head_dim_v
     lse = _lse_sink(q, config.problem.lse_shape)
-    _launch(key, accepted, config, ops, attn_logits[..., :dv], attn_logits[..., dv], o, lse)
+    _launch(key, accepted, config, ops, attn_logits[..., :dv], attn_logits[..., dv], o, lse, True)
 
 
 def _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size,

@@ -243,7 +243,10 @@ class LaunchConfig:
     def one_pass(self) -> bool:
         """Stage 1 with one split writes ``out`` and ``lse`` itself and stage 2 is not
         launched: stage 2's merge of one split is the identity, bit for bit (weight
-        exp(0) = 1, denominator 1, LSE + log 1), except that it adds sinks."""
+        exp(0) = 1, denominator 1, LSE + log 1), except that it adds sinks -- and that
+        its ``0 + o`` turns a -0.0 into +0.0, which only a negative ``v_scale`` (a
+        meaningless one, unchecked in a tensor) produces.  torch_bridge takes two stages
+        where the caller's ``out`` shares memory with an input."""
         return not self.schedule_programs and self.num_kv_splits == 1 and not self.problem.has_sinks
 
     @property
