@@ -206,7 +206,9 @@ class DecodeRun:
         and may share memory with an input, in which case one pass (stage 1 writing
         ``out`` while other programs still read the inputs) gives way to two stages."""
         config, p = self.config, self.config.problem
-        one_pass = config.one_pass and not (out_given and _may_overlap(out, ops))
+        # (config.one_pass implies self.fixed.one_pass: the overlap test runs once, if at all.)
+        shares_memory = self.fixed.one_pass and out_given and _may_overlap(out, ops)
+        one_pass = config.one_pass and not shares_memory
         if self.gluon is not None and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse):
             tensors = dict(q=ops.q, k_cache=ops.k_cache)
             if self.schedule is not None:
@@ -226,12 +228,11 @@ class DecodeRun:
                     self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), mid_o, mid_lse))
                     self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
                     return
-        fixed_one_pass = self.fixed.one_pass and not (out_given and _may_overlap(out, ops))
-        if fixed_one_pass:
+        if self.fixed.one_pass and not shares_memory:
             self.stage1((*operands.stage1_inputs(ops, p), out, lse))
             return
         stage1 = self.stage1
-        if self.fixed.one_pass:  # one split, but out shares memory with an input
+        if shares_memory:  # one split, but out shares memory with an input
             if self._stage1_partials is None:
                 self._stage1_partials = StageLauncher(self.fixed.stage1(self.strides, partials=True))
             stage1 = self._stage1_partials

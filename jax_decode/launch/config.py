@@ -73,6 +73,26 @@ class KernelStrides:
         )
 
 
+def _stage1_out_strides(strides: KernelStrides, final: bool) -> dict[str, int]:
+    """Stage 1's output strides as the kernels name them (and stage 2's input ones), in
+    their parameter order: the partial results', or with ``final`` (one pass) those of
+    ``out`` and ``lse``, whose split stride is 0."""
+    if final:
+        o, lse, tokens = (*strides.out, 0), (*strides.lse, 0), strides.tokens[3:5]
+    else:
+        o, lse, tokens = strides.mid_o, strides.mid_lse, strides.tokens[1:3]
+    return dict(
+        STRIDE_MOB=o[0],
+        STRIDE_MOT=tokens[0],
+        STRIDE_MOH=o[1],
+        STRIDE_MOS=o[2],
+        STRIDE_MLB=lse[0],
+        STRIDE_MLT=tokens[1],
+        STRIDE_MLH=lse[1],
+        STRIDE_MLS=lse[2],
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class TmaView:
     """A TMA descriptor argument of a Gluon kernel: ``rows`` x ``cols`` elements of one
@@ -163,10 +183,6 @@ class LaunchConfig:
         (``strides.out``/``strides.lse``), else (or with ``partials``: the two-stage
         form one pass stands for, which tests compare it with) the partial results."""
         p = self.problem
-        if self.one_pass and not partials:
-            mid_o, mid_lse, mid_tokens = (*strides.out, 0), (*strides.lse, 0), strides.tokens[3:5]
-        else:
-            mid_o, mid_lse, mid_tokens = strides.mid_o, strides.mid_lse, strides.tokens[1:3]
         meta: dict[str, object] = dict(
             STRIDE_QB=strides.q[0],
             STRIDE_QT=strides.tokens[0],
@@ -178,14 +194,7 @@ class LaunchConfig:
             STRIDE_VS=strides.v[1],
             STRIDE_VH=strides.v[2],
             STRIDE_PTB=strides.page_table,
-            STRIDE_MOB=mid_o[0],
-            STRIDE_MOT=mid_tokens[0],
-            STRIDE_MOH=mid_o[1],
-            STRIDE_MOS=mid_o[2],
-            STRIDE_MLB=mid_lse[0],
-            STRIDE_MLT=mid_tokens[1],
-            STRIDE_MLH=mid_lse[1],
-            STRIDE_MLS=mid_lse[2],
+            **_stage1_out_strides(strides, final=self.one_pass and not partials),
             SM_SCALE=float(p.sm_scale),
             LOGIT_CAP=float(p.logit_cap),
             K_SCALE=p.k_scale,
@@ -216,14 +225,7 @@ class LaunchConfig:
 
     def stage2(self, strides: KernelStrides) -> KernelLaunch:
         meta = dict(
-            STRIDE_MOB=strides.mid_o[0],
-            STRIDE_MOT=strides.tokens[1],
-            STRIDE_MOH=strides.mid_o[1],
-            STRIDE_MOS=strides.mid_o[2],
-            STRIDE_MLB=strides.mid_lse[0],
-            STRIDE_MLT=strides.tokens[2],
-            STRIDE_MLH=strides.mid_lse[1],
-            STRIDE_MLS=strides.mid_lse[2],
+            **_stage1_out_strides(strides, final=False),
             STRIDE_OB=strides.out[0],
             STRIDE_OT=strides.tokens[3],
             STRIDE_OH=strides.out[1],
@@ -345,23 +347,11 @@ class LaunchConfig:
             )  # fmt: skip
             grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), self.schedule_programs, 1)
             return KernelLaunch("mla_hopper_scheduled", grid, 8, 1, tuple(meta.items()), params, tma)
-        if self.one_pass:
-            mid_o, mid_lse, out_type = (*strides.out, 0), (*strides.lse, 0), _POINTER[p.dtype]
-            mid_tokens = strides.tokens[3:5]
-        else:
-            mid_o, mid_lse, out_type = strides.mid_o, strides.mid_lse, "*fp32"
-            mid_tokens = strides.tokens[1:3]
+        out_type = _POINTER[p.dtype] if self.one_pass else "*fp32"
         # In the kernel's parameter order (torch's launcher passes them by position).
         meta = dict(
             STRIDE_PTB=strides.page_table,
-            STRIDE_MOB=mid_o[0],
-            STRIDE_MOT=mid_tokens[0],
-            STRIDE_MOH=mid_o[1],
-            STRIDE_MOS=mid_o[2],
-            STRIDE_MLB=mid_lse[0],
-            STRIDE_MLT=mid_tokens[1],
-            STRIDE_MLH=mid_lse[1],
-            STRIDE_MLS=mid_lse[2],
+            **_stage1_out_strides(strides, final=self.one_pass),
             SM_SCALE=float(p.sm_scale),
             NUM_HEADS=p.num_heads,
             PAGE_SIZE=p.page_size,
