@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_decode
+from jax_decode.backends import typed_ffi
 from jax_decode.backends.triton import jax_triton_available
 
 if not jax_triton_available():
@@ -92,6 +93,20 @@ def test_write_kv_compiles_for_cuda_with_the_cache_aliased(dtype):
         text = step.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("triton_kernel_call") == 2  # K and V
     assert text.count("tf.aliasing_output") == 2  # both donated caches updated in place
+    if typed_ffi.typed_ffi_registered():  # the typed call keeps the kernel's own in-place update
+        assert text.count("output_operand_aliases = [#stablehlo.output_operand_alias<") == 2
+
+
+def test_launches_go_through_jaxlibs_typed_ffi_call():
+    """Every launch lowers to jaxlib's typed-FFI Triton call (less host work per launch
+    than the legacy call, jax_decode/backends/typed_ffi.py), whichever jax_triton
+    line compiles the kernel."""
+    if not typed_ffi.typed_ffi_registered():
+        pytest.skip("this jaxlib registers no typed-FFI Triton call")
+    text = _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+    assert text.count("stablehlo.custom_call @triton_kernel_call_ffi(") == 2
+    assert "stablehlo.custom_call @triton_kernel_call(" not in text
+    assert text.count("mhlo.backend_config = {opaque = ") == 2
 
 
 def test_vmap_lowers_to_one_launch_per_stage():

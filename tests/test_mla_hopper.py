@@ -545,6 +545,10 @@ def _check_jax_lowering(num_kv_splits) -> None:
     assert len(calls) == {1: 1, 2: 2, "device": 3, "two tokens": 2}[num_kv_splits], calls
     gluon = calls[1] if num_kv_splits == "device" else calls[0]
     assert "(%arg0, %arg0, %arg1, %arg1, %arg2, %arg3" in gluon, gluon
+    from jax_decode.backends import typed_ffi
+
+    if typed_ffi.typed_ffi_registered():  # Gluon and portable launches alike
+        assert all("custom_call @triton_kernel_call_ffi(" in line for line in calls), calls
 
 
 @pytest.mark.parametrize("num_kv_splits", [1, 2, "device", "two tokens"])

@@ -140,7 +140,11 @@ def test_vmap_over_rows_with_a_token_axis():
     out, lse = batched(jnp.stack([q, q]), jnp.stack([page_table, page_table]), jnp.stack([seq_lens, seq_lens]))
     whole, whole_lse = jax_decode.decode_attention(q, k, v, page_table, seq_lens, backend="xla", return_lse=True)
     assert out.shape == (2, *whole.shape) and lse.shape == (2, *whole_lse.shape)
-    np.testing.assert_array_equal(np.asarray(out[1]), np.asarray(whole))
+    # XLA on a GPU may fuse the batched program differently (last-bit differences,
+    # measured on an H100); the values are the same attention.
+    for i in range(2):
+        np.testing.assert_allclose(np.asarray(out[i]), np.asarray(whole), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(lse[i]), np.asarray(whole_lse), rtol=1e-6, atol=1e-6)
 
 
 def test_merge_with_a_token_axis():

@@ -4,7 +4,8 @@ jax_triton 0.3 cannot launch Gluon kernels, and 0.4 needs a newer Triton than th
 Gluon's Hopper kernels are measured with, so this module does what ``triton_call``
 does for them: the launch is compiled once for the target
 (:func:`jax_decode.kernels.gluon_compile.compile_launch`, the binary torch runs too),
-and the lowering hands its PTX to jaxlib's ``triton_kernel_call`` with one parameter
+and the lowering hands its PTX to jaxlib's Triton call (the typed-FFI one where
+jaxlib has it: :mod:`jax_decode.backends.typed_ffi`) with one parameter
 per kernel argument -- a TMA descriptor that jaxlib fills at run time from the
 operand's address, a buffer, or an int.  Needs a jaxlib whose Triton call takes TMA
 descriptors (``create_tma_descriptor_parameter``: jax 0.11 and later).
@@ -20,9 +21,8 @@ from jax._src import dispatch
 from jax.extend import core as jex_core
 from jax.interpreters import mlir
 
+from jax_decode.backends import typed_ffi
 from jax_decode.launch import DeviceInfo, KernelLaunch
-
-_CUSTOM_CALL = "triton_kernel_call"  # jaxlib's Triton custom call (the one jax_triton 0.3 lowers to)
 
 
 def _gpu_triton():
@@ -117,10 +117,7 @@ def _lowering(ctx, *arrays, launch, scalars, out_types, compute_capability):
         md.name, launch.num_warps, 1, md.shared, compiled.asm["ptx"], "", compute_capability
     )
     call = gpu_triton.TritonKernelCall(kernel, *launch.grid, _parameters(launch, scalars, compiled))
-    lowering = jax.ffi.ffi_lowering(
-        _CUSTOM_CALL, api_version=2, backend_config=zlib.compress(call.to_proto(md.name, b""))
-    )
-    return lowering(ctx, *arrays)
+    return typed_ffi.lowering_rule(zlib.compress(call.to_proto(md.name, b"")))(ctx, *arrays)
 
 
 mlir.register_lowering(gluon_call_p, _lowering, platform="cuda")

@@ -3,8 +3,8 @@
 Both jax_triton lines are supported: 0.3 (Python 3.11; output pointers follow the
 inputs, in-place updates alias an input to an output) and 0.4 (Python >= 3.12,
 Triton >= 3.7; ``out_type``, in-place updates through ``jax.new_ref`` arguments, and
-the typed-FFI custom call ``triton_kernel_call_ffi`` that XLA may put in command
-buffers).
+the typed-FFI custom call ``triton_kernel_call_ffi``).  Either way every launch goes
+through that typed call where jaxlib has it (:mod:`jax_decode.backends.typed_ffi`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_decode import kernels, operands
+from jax_decode.backends import typed_ffi
 from jax_decode.launch import DeviceInfo, KernelLaunch, LaunchConfig, WriteProblem, write_cache_launch
 
 _COMPILE_TARGET: contextvars.ContextVar[DeviceInfo | None] = contextvars.ContextVar(
@@ -42,6 +43,7 @@ def import_jax_triton():
         else:
             os.environ["TRITON_CACHE_DIR"] = saved
     _fix_dce_rule(jax_triton)
+    typed_ffi.route_jax_triton_03(jax_triton)
     return jax_triton
 
 
@@ -102,6 +104,9 @@ def triton_call(*args, launch: KernelLaunch, out_types, device: DeviceInfo, **op
     jt = import_jax_triton()
     if device.compute_capability is not None:
         options["compute_capability"] = device.compute_capability
+    if not is_jax_triton_04() and device.vendor == "nvidia":
+        # 0.4 emits the typed-FFI call itself; 0.3 does where we name it (typed_ffi).
+        options["custom_call_target_name"] = typed_ffi.target()
     return jt.triton_call(
         *args,
         kernel=kernels.KERNELS[launch.kernel_name],
