@@ -109,6 +109,47 @@ def test_launches_go_through_jaxlibs_typed_ffi_call():
     assert text.count("mhlo.backend_config = {opaque = ") == 2
 
 
+def _jax_triton_03():
+    from jax_decode.backends.triton import import_jax_triton, is_jax_triton_04
+
+    if is_jax_triton_04() or not typed_ffi.typed_ffi_registered():
+        pytest.skip("jax_triton 0.4 emits the typed call itself, or jaxlib has none")
+    return import_jax_triton().triton_lib
+
+
+def test_a_lowering_registered_in_jax_tritons_place_is_kept():
+    """A rule someone registered over jax_triton 0.3's lowering still lowers every call:
+    ours ask it for the legacy call and turn that into the typed one."""
+    from jax.interpreters import mlir
+
+    lib = _jax_triton_03()
+    primitive, registered = lib.triton_kernel_call_p, typed_ffi._cuda_lowering(lib.triton_kernel_call_p)
+    asked = []
+
+    def users_rule(ctx, *arrays, **params):
+        asked.append(params["custom_call_target_name"])
+        return registered(ctx, *arrays, **params)
+
+    mlir.register_lowering(primitive, users_rule, platform="cuda")
+    try:
+        assert typed_ffi.route_jax_triton_03(__import__("jax_triton"))
+        text = _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+    finally:
+        mlir.register_lowering(primitive, registered, platform="cuda")
+    assert asked == [typed_ffi.LEGACY_TARGET] * 2
+    assert text.count("stablehlo.custom_call @triton_kernel_call_ffi(") == 2
+
+
+def test_without_the_wrapper_our_calls_stay_legacy(monkeypatch):
+    """Our jax_triton 0.3 calls name the typed target only where the wrapper that emits
+    its form is in place."""
+    _jax_triton_03()
+    monkeypatch.setattr(typed_ffi, "_ROUTED_JAX_TRITON_03", False)
+    text = _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+    assert text.count("stablehlo.custom_call @triton_kernel_call(") == 2
+    assert "triton_kernel_call_ffi" not in text
+
+
 def test_vmap_lowers_to_one_launch_per_stage():
     q, k, v, pt, sl = _arrays(32, 8, 128, 128, 16, jnp.bfloat16, False)
     stacked = [jax.ShapeDtypeStruct((4, *x.shape), x.dtype) for x in (q, pt, sl)]

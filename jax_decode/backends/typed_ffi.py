@@ -5,10 +5,16 @@ jaxlib has two custom calls that launch a serialized Triton kernel call: the leg
 which jax_triton 0.3 emits, and the typed-FFI ``triton_kernel_call_ffi`` (API version
 4, the same serialized call as the ``opaque`` attribute), which jax_triton 0.4 emits.
 Both run the same kernel on the same parameters (our outputs are bit-identical), but
-XLA launches the typed one with less host work per call: on an H100 (jax 0.11.2,
+through the typed one the GPU waits less between launches: on an H100 (jax 0.11.2,
 jax_triton 0.3.1) a jitted program of 16 independent DeepSeek-V3 MLA decode calls
-(three launches each, 72.8 µs of kernels per call) spanned 81.3 µs per call on the
-GPU through the legacy call and 73.5 µs through the typed one (docs/performance.md).
+(three launches each; the same kernels take 72.8 µs per call from torch) spanned
+81.3 µs per call on the GPU through the legacy call and 73.5 µs through the typed one;
+the wall time per call moved with the host's noise (docs/performance.md, "The JAX call
+path").
+
+Programs exported with ``jax.export`` hold ``triton_kernel_call_ffi`` custom calls:
+allow them with ``jax.export.DisabledSafetyCheck.custom_call("triton_kernel_call_ffi")``,
+and run them with a jaxlib that has the typed call.
 
 So our launches use the typed call wherever this jaxlib registers it:
 
@@ -37,7 +43,7 @@ _TYPED_FFI_API_VERSION = 4
 
 @functools.cache
 def typed_ffi_registered() -> bool:
-    """jaxlib's CUDA plugin registers the typed-FFI Triton call (jaxlib 0.4.36 and later)."""
+    """jaxlib's CUDA plugin registers the typed-FFI Triton call (found at run time)."""
     try:
         from jax._src.lib import gpu_triton
     except ImportError:
@@ -48,7 +54,7 @@ def typed_ffi_registered() -> bool:
 
 
 def target() -> str:
-    """The custom call our Triton launches lower to here."""
+    """The custom call our own lowerings (the Gluon kernels') emit here."""
     return TYPED_FFI_TARGET if typed_ffi_registered() else LEGACY_TARGET
 
 
@@ -61,22 +67,51 @@ def lowering_rule(serialized_call: bytes):
     return jax.ffi.ffi_lowering(LEGACY_TARGET, api_version=2, backend_config=serialized_call)
 
 
-def route_jax_triton_03(jax_triton) -> None:
+_ROUTED_JAX_TRITON_03 = False  # route_jax_triton_03 has wrapped the lowering
+
+
+def jax_triton_03_target() -> str:
+    """The target our jax_triton 0.3 calls name: the typed call once
+    :func:`route_jax_triton_03` has put its wrapper in place, else the legacy call (a
+    typed target reaching an unwrapped lowering would come out as an API-version-2 call
+    that jaxlib has no handler for)."""
+    return TYPED_FFI_TARGET if _ROUTED_JAX_TRITON_03 else LEGACY_TARGET
+
+
+def _cuda_lowering(primitive):
+    """The CUDA lowering rule registered for ``primitive`` now, or None (read from JAX's
+    private registry: where that is not found, nothing is wrapped)."""
+    from jax._src.interpreters import mlir as mlir_internal
+
+    entry = getattr(mlir_internal, "_platform_specific_lowerings", {}).get("cuda", {}).get(primitive)
+    return getattr(entry, "rule", entry)
+
+
+def route_jax_triton_03(jax_triton) -> bool:
     """Make jax_triton 0.3's CUDA lowering emit the typed-FFI form for calls that name
-    :data:`TYPED_FFI_TARGET` (see the module docstring).  No-op for other versions."""
+    :data:`TYPED_FFI_TARGET` (see the module docstring).  The rule registered at the
+    time is wrapped (jax_triton's own, or one a user put in its place), and every other
+    call goes to it unchanged.  Returns whether the wrapper is in place; no-op for
+    jax_triton 0.4 (which emits the typed call itself) and where jaxlib has no typed call."""
+    global _ROUTED_JAX_TRITON_03
     lib = getattr(jax_triton, "triton_lib", None)
-    lowering = getattr(lib, "triton_kernel_call_lowering", None)
-    backend = getattr(lib, "get_cuda_backend", None)  # jax_triton 0.3's name; 0.4 has no such function
-    if lowering is None or backend is None or not typed_ffi_registered():
-        return
+    primitive = getattr(lib, "triton_kernel_call_p", None)
+    if primitive is None or not hasattr(lib, "get_cuda_backend") or not typed_ffi_registered():
+        return False  # (get_cuda_backend: jax_triton 0.3's; 0.4 has no such function)
+    current = _cuda_lowering(primitive)
+    if current is None:
+        return False
+    if getattr(current, "_jax_decode_typed_ffi", False):
+        _ROUTED_JAX_TRITON_03 = True
+        return True
     from jax._src.lib.mlir import ir
 
     def typed_where_asked(ctx, *arrays, custom_call_target_name, **params):
         if custom_call_target_name != TYPED_FFI_TARGET:
-            return lowering(backend, ctx, *arrays, custom_call_target_name=custom_call_target_name, **params)
+            return current(ctx, *arrays, custom_call_target_name=custom_call_target_name, **params)
         # jax_triton compiles the kernel and emits the legacy call; the typed call
         # replaces it, taking the same operands and its serialized kernel call.
-        legacy = lowering(backend, ctx, *arrays, custom_call_target_name=LEGACY_TARGET, **params)
+        legacy = current(ctx, *arrays, custom_call_target_name=LEGACY_TARGET, **params)
         op = legacy[0].owner
         op = getattr(op, "operation", op)
         serialized_call = ir.StringAttr(op.attributes["backend_config"]).value_bytes
@@ -87,4 +122,7 @@ def route_jax_triton_03(jax_triton) -> None:
         op.erase()
         return typed
 
-    mlir.register_lowering(lib.triton_kernel_call_p, typed_where_asked, platform="cuda")
+    typed_where_asked._jax_decode_typed_ffi = True
+    mlir.register_lowering(primitive, typed_where_asked, platform="cuda")
+    _ROUTED_JAX_TRITON_03 = True
+    return True
