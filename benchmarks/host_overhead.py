@@ -1,10 +1,15 @@
-"""Host time per call on the GPU: torch_bridge's entry points and vLLM 0.9's ``decode_attention_fwd``.
+"""Host time per call on the GPU: torch_bridge's entry points, vLLM 0.9's
+``decode_attention_fwd`` and, with ``--jax``, jitted ``jax_decode.decode_attention``.
 
 A tiny problem (the kernels take microseconds) called many times back to back; the
 time per call is then the Python + launch cost.  Median of several rounds.  Each
-entry point's output is first checked against the float64 oracle.
+entry point's output is first checked against the float64 oracle.  The JAX rows: one
+jitted call at a time, 16 calls chained in one jitted program (each call's output is
+the next one's query, as layers chain), and a trivial jitted op for reference; they
+launch through the Triton custom call ``JAX_DECODE_TRITON_CALL`` chooses (``typed``,
+the default, or ``legacy``: jax_decode/backends/typed_ffi.py), so two runs compare them.
 
-    python -m benchmarks.host_overhead [--profile]
+    python -m benchmarks.host_overhead [--profile] [--jax]
 """
 
 from __future__ import annotations
@@ -64,6 +69,54 @@ def entry_points() -> tuple[dict, object, torch.Tensor]:
     return calls, problem, o
 
 
+CHAINED = 16  # decode calls per jitted program in the chained JAX row
+
+
+def jax_entry_points(problem) -> dict:
+    """name -> (zero-argument call returning a JAX array, decode calls it makes)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jax_decode
+
+    q, k, v, pt, sl = (jnp.asarray(a) for a in problem.arrays)
+
+    def attend(q):
+        return jax_decode.decode_attention(q, k, v, pt, sl, sm_scale=SM_SCALE, num_kv_splits=SPLITS)
+
+    one = jax.jit(attend)
+
+    @jax.jit
+    def chained(q):
+        for _ in range(CHAINED):
+            q = attend(q)
+        return q
+
+    trivial = jax.jit(lambda q: q + 1)
+    return {
+        "jax_decode.decode_attention (jit)": (lambda: one(q), 1),
+        f"jax_decode.decode_attention ({CHAINED} chained)": (lambda: chained(q), CHAINED),
+        "trivial jitted op (q + 1)": (lambda: trivial(q), 1),
+    }
+
+
+def jax_per_call_us(fn, calls_made: int) -> float:
+    """Like :func:`per_call_us`, waiting on the last result; per decode call."""
+    import jax
+
+    for _ in range(50):
+        out = fn()
+    jax.block_until_ready(out)
+    rounds = []
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        for _ in range(CALLS // calls_made):
+            out = fn()
+        jax.block_until_ready(out)
+        rounds.append((time.perf_counter() - start) / (CALLS // calls_made * calls_made) * 1e6)
+    return statistics.median(rounds)
+
+
 def main() -> None:
     calls, problem, o = entry_points()
     expected, _ = decode_attention_reference(*problem.arrays, sm_scale=SM_SCALE)
@@ -74,6 +127,16 @@ def main() -> None:
         if not excess <= 0:
             raise SystemExit(f"{name} is wrong (by {excess:.3g} beyond the tolerance); not timed")
         print(f"{name:<36} {per_call_us(fn):7.1f} us per call", flush=True)
+    if "--jax" in sys.argv:
+        from jax_decode.backends import typed_ffi
+
+        print(f"JAX launches through {typed_ffi.target()!r}", flush=True)
+        for name, (fn, calls_made) in jax_entry_points(problem).items():
+            if calls_made == 1 and "trivial" not in name:
+                excess = tolerance_excess(np.asarray(fn(), np.float64), expected, "bfloat16")
+                if not excess <= 0:
+                    raise SystemExit(f"{name} is wrong (by {excess:.3g} beyond the tolerance); not timed")
+            print(f"{name:<36} {jax_per_call_us(fn, calls_made):7.1f} us per call", flush=True)
     if "--profile" in sys.argv:  # where the time of our entry points goes
         import cProfile
         import pstats

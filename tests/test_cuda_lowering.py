@@ -140,6 +140,18 @@ def test_a_lowering_registered_in_jax_tritons_place_is_kept():
     assert text.count("stablehlo.custom_call @triton_kernel_call_ffi(") == 2
 
 
+def test_the_legacy_call_on_request(monkeypatch):
+    """JAX_DECODE_TRITON_CALL=legacy lowers every launch of ours to the legacy call."""
+    _jax_triton_03()
+    monkeypatch.setenv(typed_ffi.CALL_VARIABLE, "legacy")
+    text = _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+    assert text.count("stablehlo.custom_call @triton_kernel_call(") == 2
+    assert "triton_kernel_call_ffi" not in text
+    monkeypatch.setenv(typed_ffi.CALL_VARIABLE, "fast")
+    with pytest.raises(ValueError, match="JAX_DECODE_TRITON_CALL must be 'typed' or 'legacy', got 'fast'"):
+        _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+
+
 def test_without_the_wrapper_our_calls_stay_legacy(monkeypatch):
     """Our jax_triton 0.3 calls name the typed target only where the wrapper that emits
     its form is in place."""

@@ -16,7 +16,9 @@ Programs exported with ``jax.export`` hold ``triton_kernel_call_ffi`` custom cal
 allow them with ``jax.export.DisabledSafetyCheck.custom_call("triton_kernel_call_ffi")``,
 and run them with a jaxlib that has the typed call.
 
-So our launches use the typed call wherever this jaxlib registers it:
+So our launches use the typed call wherever this jaxlib registers it, unless the
+environment variable ``JAX_DECODE_TRITON_CALL=legacy`` asks for the legacy one
+(:func:`typed_chosen`; e.g. to compare them, as ``benchmarks.host_overhead --jax`` does):
 
 * Gluon kernels (:mod:`jax_decode.backends.gluon_call`) are lowered by us and emit it
   directly (:func:`lowering_rule`).
@@ -32,6 +34,7 @@ So our launches use the typed call wherever this jaxlib registers it:
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 from jax.interpreters import mlir
@@ -53,9 +56,24 @@ def typed_ffi_registered() -> bool:
     return registrations is not None and TYPED_FFI_TARGET in registrations()
 
 
+CALL_VARIABLE = "JAX_DECODE_TRITON_CALL"
+
+
+def typed_chosen() -> bool:
+    """Whether our launches use the typed call: jaxlib has it, and the environment
+    variable ``JAX_DECODE_TRITON_CALL`` is ``typed`` (the default), not ``legacy``.  Read
+    when a program is lowered (a jitted function lowered before it changed keeps its
+    calls).  Under jax_triton 0.4 the portable kernels are always typed: that is
+    jax_triton's own choice."""
+    choice = os.environ.get(CALL_VARIABLE, "typed")
+    if choice not in ("typed", "legacy"):
+        raise ValueError(f"{CALL_VARIABLE} must be 'typed' or 'legacy', got {choice!r}")
+    return choice == "typed" and typed_ffi_registered()
+
+
 def target() -> str:
     """The custom call our own lowerings (the Gluon kernels') emit here."""
-    return TYPED_FFI_TARGET if typed_ffi_registered() else LEGACY_TARGET
+    return TYPED_FFI_TARGET if typed_chosen() else LEGACY_TARGET
 
 
 def lowering_rule(serialized_call: bytes):
@@ -75,7 +93,7 @@ def jax_triton_03_target() -> str:
     :func:`route_jax_triton_03` has put its wrapper in place, else the legacy call (a
     typed target reaching an unwrapped lowering would come out as an API-version-2 call
     that jaxlib has no handler for)."""
-    return TYPED_FFI_TARGET if _ROUTED_JAX_TRITON_03 else LEGACY_TARGET
+    return TYPED_FFI_TARGET if _ROUTED_JAX_TRITON_03 and typed_chosen() else LEGACY_TARGET
 
 
 def _cuda_lowering(primitive):
