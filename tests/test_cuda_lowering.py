@@ -98,9 +98,9 @@ def test_write_kv_compiles_for_cuda_with_the_cache_aliased(dtype):
 
 
 def test_launches_go_through_jaxlibs_typed_ffi_call():
-    """Every launch lowers to jaxlib's typed-FFI Triton call (less host work per launch
-    than the legacy call, jax_decode/backends/typed_ffi.py), whichever jax_triton
-    line compiles the kernel."""
+    """Every launch lowers to jaxlib's typed-FFI Triton call (fewer GPU gaps between
+    launches than the legacy call, jax_decode/backends/typed_ffi.py), whichever
+    jax_triton line compiles the kernel."""
     if not typed_ffi.typed_ffi_registered():
         pytest.skip("this jaxlib registers no typed-FFI Triton call")
     text = _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
@@ -152,12 +152,22 @@ def test_the_legacy_call_on_request(monkeypatch):
         _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
 
 
-def test_without_the_wrapper_our_calls_stay_legacy(monkeypatch):
+def test_without_the_wrapper_our_calls_stay_legacy():
     """Our jax_triton 0.3 calls name the typed target only where the wrapper that emits
-    its form is in place."""
-    _jax_triton_03()
-    monkeypatch.setattr(typed_ffi, "_ROUTED_JAX_TRITON_03", False)
-    text = _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+    its form is the registered lowering (here someone registered jax_triton's own
+    lowering again after ours)."""
+    import functools
+
+    from jax.interpreters import mlir
+
+    lib = _jax_triton_03()
+    primitive, registered = lib.triton_kernel_call_p, typed_ffi._cuda_lowering(lib.triton_kernel_call_p)
+    jax_tritons = functools.partial(lib.triton_kernel_call_lowering, lib.get_cuda_backend)
+    mlir.register_lowering(primitive, jax_tritons, platform="cuda")
+    try:
+        text = _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+    finally:
+        mlir.register_lowering(primitive, registered, platform="cuda")
     assert text.count("stablehlo.custom_call @triton_kernel_call(") == 2
     assert "triton_kernel_call_ffi" not in text
 

@@ -106,7 +106,7 @@ def triton_call(*args, launch: KernelLaunch, out_types, device: DeviceInfo, **op
         options["compute_capability"] = device.compute_capability
     if not is_jax_triton_04() and device.vendor == "nvidia":
         # 0.4 emits the typed-FFI call itself; 0.3 does where we name it (typed_ffi).
-        options["custom_call_target_name"] = typed_ffi.jax_triton_03_target()
+        options["custom_call_target_name"] = typed_ffi.jax_triton_03_target(jt)
     return jt.triton_call(
         *args,
         kernel=kernels.KERNELS[launch.kernel_name],

@@ -76,24 +76,30 @@ def target() -> str:
     return TYPED_FFI_TARGET if typed_chosen() else LEGACY_TARGET
 
 
-def lowering_rule(serialized_call: bytes):
+def _typed_call(serialized_call: bytes, operand_output_aliases=None):
     """A lowering rule launching ``serialized_call`` (a compressed ``TritonKernelCall``
-    proto) through :func:`target`."""
+    proto) through the typed-FFI call."""
+    rule = jax.ffi.ffi_lowering(
+        TYPED_FFI_TARGET, api_version=_TYPED_FFI_API_VERSION, operand_output_aliases=operand_output_aliases
+    )
+    return functools.partial(rule, opaque=serialized_call)
+
+
+def lowering_rule(serialized_call: bytes):
+    """A lowering rule launching ``serialized_call`` through :func:`target`."""
     if target() == TYPED_FFI_TARGET:
-        rule = jax.ffi.ffi_lowering(TYPED_FFI_TARGET, api_version=_TYPED_FFI_API_VERSION)
-        return functools.partial(rule, opaque=serialized_call)
+        return _typed_call(serialized_call)
     return jax.ffi.ffi_lowering(LEGACY_TARGET, api_version=2, backend_config=serialized_call)
 
 
-_ROUTED_JAX_TRITON_03 = False  # route_jax_triton_03 has wrapped the lowering
-
-
-def jax_triton_03_target() -> str:
-    """The target our jax_triton 0.3 calls name: the typed call once
-    :func:`route_jax_triton_03` has put its wrapper in place, else the legacy call (a
+def jax_triton_03_target(jax_triton) -> str:
+    """The target our jax_triton 0.3 calls name: the typed call where the CUDA lowering
+    registered now is :func:`route_jax_triton_03`'s wrapper, else the legacy call (a
     typed target reaching an unwrapped lowering would come out as an API-version-2 call
     that jaxlib has no handler for)."""
-    return TYPED_FFI_TARGET if _ROUTED_JAX_TRITON_03 and typed_chosen() else LEGACY_TARGET
+    rule = _cuda_lowering(jax_triton.triton_lib.triton_kernel_call_p)
+    routed = getattr(rule, "_jax_decode_typed_ffi", False)
+    return TYPED_FFI_TARGET if routed and typed_chosen() else LEGACY_TARGET
 
 
 def _cuda_lowering(primitive):
@@ -111,7 +117,6 @@ def route_jax_triton_03(jax_triton) -> bool:
     time is wrapped (jax_triton's own, or one a user put in its place), and every other
     call goes to it unchanged.  Returns whether the wrapper is in place; no-op for
     jax_triton 0.4 (which emits the typed call itself) and where jaxlib has no typed call."""
-    global _ROUTED_JAX_TRITON_03
     lib = getattr(jax_triton, "triton_lib", None)
     primitive = getattr(lib, "triton_kernel_call_p", None)
     if primitive is None or not hasattr(lib, "get_cuda_backend") or not typed_ffi_registered():
@@ -120,7 +125,6 @@ def route_jax_triton_03(jax_triton) -> bool:
     if current is None:
         return False
     if getattr(current, "_jax_decode_typed_ffi", False):
-        _ROUTED_JAX_TRITON_03 = True
         return True
     from jax._src.lib.mlir import ir
 
@@ -133,14 +137,10 @@ def route_jax_triton_03(jax_triton) -> bool:
         op = legacy[0].owner
         op = getattr(op, "operation", op)
         serialized_call = ir.StringAttr(op.attributes["backend_config"]).value_bytes
-        typed = jax.ffi.ffi_lowering(
-            TYPED_FFI_TARGET, api_version=_TYPED_FFI_API_VERSION,
-            operand_output_aliases=dict(params["input_output_aliases"]),
-        )(ctx, *arrays, opaque=serialized_call)  # fmt: skip
+        typed = _typed_call(serialized_call, dict(params["input_output_aliases"]))(ctx, *arrays)
         op.erase()
         return typed
 
     typed_where_asked._jax_decode_typed_ffi = True
     mlir.register_lowering(primitive, typed_where_asked, platform="cuda")
-    _ROUTED_JAX_TRITON_03 = True
     return True
