@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 HEAD_DIM_QK, HEAD_DIM_V, PAGE_SIZE = 576, 512, 64
+SEESAW = 9  # the pipeline number that selects _mla_stage1_hopper_seesaw
 ROWS = ((1, 32768, 128), (8, 16384, 128), (64, 4096, 128), (128, 1024, 128), (64, 4096, 16))
 
 
@@ -72,7 +73,7 @@ def default_splits(batch: int, num_heads: int, ctx: int, num_sms: int) -> int:
 class MlaHopper:
     """Stage 1 (Gluon, sm_90) + our stage 2 for one problem shape and split count.
 
-    ``pipeline`` 0 or 1: the two-warpgroup kernel's PIPELINE; 2: the seesaw kernel."""
+    ``pipeline`` 0, 1 or 2: the two-warpgroup kernel's PIPELINE; ``SEESAW``: the seesaw kernel."""
 
     def __init__(
         self, batch, num_heads, num_pages, max_pages, sm_scale, num_kv_splits, pipeline, num_sms=132, direct=False
@@ -86,7 +87,7 @@ class MlaHopper:
         self.config = mla_config(batch, num_heads, num_pages, max_pages, sm_scale, num_kv_splits, num_sms)
         strides = self.config.contiguous_strides()
         self.stage2 = StageLauncher(self.config.stage2(strides))
-        self.seesaw = pipeline == 2
+        self.seesaw = pipeline == SEESAW
         self.kernel = _mla_stage1_hopper_seesaw if self.seesaw else _mla_stage1_hopper
         self.latent_block = 256 if self.seesaw else 512
         self.num_warps = 4 if self.seesaw else 8
@@ -311,17 +312,22 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", default="all")
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--profile", action="store_true", help="only launch b64 ctx4k stage 1 a few times (for ncu)")
-    parser.add_argument("--variants", default=None, help="e.g. '2:1:1,1:1:1' (pipeline:splits:direct), rows 2,3 only")
+    parser.add_argument(
+        "--variants", default=None, help="e.g. '2:1:1,9:1:0' (pipeline:splits:direct; 9 = seesaw), rows 2,3 only"
+    )
     args = parser.parse_args(argv)
-    if args.variants:
-        return quick(args)
-    if args.profile:
+    if args.profile:  # each variant's stage 1 (default: PIPELINE=1, one split) four times
         q, k_cache, page_table, seq_lens = make_inputs(64, 128, 4096, seed=1)
-        run = MlaHopper(64, 128, k_cache.shape[0], page_table.shape[1], 1 / math.sqrt(HEAD_DIM_QK), 1, 1)
-        for _ in range(4):
-            run.stage1(q, k_cache, page_table, seq_lens)
+        for pipeline, splits, _ in parse_variants(args.variants or "1:1:0"):
+            run = MlaHopper(
+                64, 128, k_cache.shape[0], page_table.shape[1], 1 / math.sqrt(HEAD_DIM_QK), splits, pipeline
+            )
+            for _ in range(4):
+                run.stage1(q, k_cache, page_table, seq_lens)
         torch.cuda.synchronize()
         return 0
+    if args.variants:
+        return quick(args)
 
     props = torch.cuda.get_device_properties(0)
     num_sms = props.multi_processor_count
@@ -428,13 +434,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def parse_variants(text: str) -> list[tuple[int, int, int]]:
+    return [tuple(int(x) for x in v.split(":")) for v in text.split(",")]
+
+
 def quick(args) -> int:
     """Edge-case check and b64 ctx4k / b128 ctx1k timing of the given variants only."""
     import torch
 
     from benchmarks.timing import input_sets_needed, time_torch
 
-    variants = [tuple(int(x) for x in v.split(":")) for v in args.variants.split(",")]
+    variants = parse_variants(args.variants)
+    fmla = flash_mla_fn()
     sm_scale = 1.0 / math.sqrt(HEAD_DIM_QK)
     q, k_cache, page_table, seq_lens = edge_case()
     b, h = q.shape[:2]
@@ -469,6 +480,11 @@ def quick(args) -> int:
             ms = time_torch(lambda s, run=run, o=out, x=lse: run(s[0], s[1], s[2], s[3], o, x), sets, True, args.rep_ms)
             entry = dict(batch=batch, ctx=ctx, pipeline=pipeline, splits=splits, direct=direct, us=ms * 1e3,
                          tflops=flops / ms / 1e9, **err)  # fmt: skip
+            print(entry, flush=True)
+            results.append(entry)
+        if fmla is not None:
+            ms = time_torch(lambda s: fmla(s[0], s[1], s[2], s[3], sm_scale), sets, True, args.rep_ms)
+            entry = dict(batch=batch, ctx=ctx, flash_mla=True, us=ms * 1e3, tflops=flops / ms / 1e9)
             print(entry, flush=True)
             results.append(entry)
         del sets

@@ -45,7 +45,7 @@ other's products, warp-specialised, with K released chunk by chunk).
 ``_mla_stage1_hopper_seesaw`` (below) is a first version of that seesaw: 222,540 bytes
 of shared memory, 255 registers with a 208-byte stack (some spills) in warpgroup 0.  On
 the H200 it passes the oracle and was no faster than the kernel above in its first run
-(b64 ctx4k 177.6 against 174.6 us); only ``benchmarks/mla_hopper.py --variants 2:1:1``
+(b64 ctx4k 177.6 against 174.6 us); only ``benchmarks/mla_hopper.py --variants 9:1:0``
 launches it.
 
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
@@ -159,6 +159,126 @@ def _page_of(page_row_ptr, start, tile, num_tiles, num_pages, BLOCK_N: gl.conste
 
 
 @gluon.jit
+def _softmax_tile(s, tile_start, end, page_ok, m_i, l_acc, qk_scale, offs_n, row_limit, Q_LEN: gl.constexpr):
+    """Online-softmax step of one tile's raw scores: P (f32, on the new running max),
+    the factor ``alpha`` that rescales what came before, the new max and row sums.
+    Positions past ``end`` (all, for a bad page; with Q_LEN > 1 past a row's causal
+    limit) get probability 0."""
+    valid = ((tile_start + offs_n) < end) & page_ok
+    if Q_LEN > 1:
+        s = gl.where(valid[None, :] & ((tile_start + offs_n)[None, :] < row_limit[:, None]), s * qk_scale,
+                     float("-inf"))  # fmt: skip
+    else:
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s - m_safe[:, None])
+    return p, alpha, m_new, l_acc * alpha[:, None] + p
+
+
+@gluon.jit
+def _load_tile_chunks(kr_desc, k_lat, k_rope, bars, base, row, pred, CHUNK: gl.constexpr):
+    """Start the copies of one K tile into one ring stage: latent chunk c (columns
+    CHUNK c .. CHUNK (c + 1)) completes ``bars[base + c]``, the rope part the last barrier.
+    Every copy is a 64-column TMA block (``kr_desc``'s)."""
+    LATENT: gl.constexpr = k_lat.shape[1] // CHUNK
+    for c in gl.static_range(LATENT):
+        mbarrier.expect(bars.index(base + c), CHUNK // 64 * kr_desc.block_type.nbytes, pred=pred)
+        for j in gl.static_range(CHUNK // 64):
+            _tma_load(kr_desc, [row, c * CHUNK + j * 64], bars.index(base + c),
+                      k_lat.slice(c * CHUNK + j * 64, 64, dim=1), pred=pred)  # fmt: skip
+    mbarrier.expect(bars.index(base + LATENT), kr_desc.block_type.nbytes, pred=pred)
+    _tma_load(kr_desc, [row, ROPE_COL], bars.index(base + LATENT), k_rope, pred=pred)
+
+
+@gluon.jit
+def _scores_from_chunks(q_lat, q_rope, k_lat, k_rope, bars, base, phase, pred, s, C0: gl.constexpr, C1: gl.constexpr,
+                        CHUNK: gl.constexpr):  # fmt: skip
+    """Issue the score products of chunks [C0, C1) of one K tile (the last chunk is the
+    rope part), each as soon as its copy has landed; chunk 0 starts the accumulation."""
+    LATENT: gl.constexpr = k_lat.shape[1] // CHUNK
+    for c in gl.static_range(C0, C1):
+        mbarrier.wait(bars.index(base + c), phase, pred=pred)
+        if c < LATENT:
+            k_t = k_lat.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0))
+            s = warpgroup_mma(q_lat.slice(c * CHUNK, CHUNK, dim=1), k_t, s, use_acc=c > 0, is_async=True)
+        else:
+            s = warpgroup_mma(q_rope, k_rope.permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
+def _zero_partial_tile(k_lat, k_rope, bars, base, phase, tile_start, end, page_ok, pred, layout: gl.constexpr,
+                       CHUNKS: gl.constexpr):  # fmt: skip
+    """For a tile that runs past ``end`` or has a bad page: wait for all its chunks and zero
+    the rows past ``end`` (all rows for a bad page) before any product reads it."""
+    if pred & ((tile_start + k_lat.shape[0] > end) | (~page_ok)):
+        for c in gl.static_range(CHUNKS):
+            mbarrier.wait(bars.index(base + c), phase)
+        _zero_invalid_rows(k_lat, tile_start, end, page_ok, layout)
+        _zero_invalid_rows(k_rope, tile_start, end, page_ok, layout)
+        fence_async_shared()
+        _cta_barrier()
+
+
+@gluon.jit
+def _attend_tiles_chunked(
+    q_lat, q_rope, kr_desc, k_lat, k_rope, p_smem, k_bars, page_row_ptr, num_pages, start, end, num_tiles,
+    row_pf, ok_cur, ok_nxt, ok_pf, m_i, l_acc, acc, qk_scale, offs_n, row_limit, s_zero,
+    zero_layout: gl.constexpr, o_rows: gl.constexpr, PAGE_SIZE: gl.constexpr, Q_LEN: gl.constexpr,
+    CHUNK: gl.constexpr,
+):  # fmt: skip
+    """The tile loop with ``PIPELINE`` >= 4: as ``PIPELINE=2`` (tile i + 1's scores right
+    behind tile i's P V, the stage refilled as soon as P V retires), with each K tile
+    copied and consumed in chunks of ``CHUNK`` latent columns (and the rope part), so
+    the scores start when the first chunk lands instead of the whole 72 KB tile."""
+    BLOCK_N: gl.constexpr = k_lat.shape[1]
+    LATENT: gl.constexpr = k_lat.shape[2] // CHUNK
+    CHUNKS: gl.constexpr = LATENT + 1
+    HALF: gl.constexpr = LATENT // 2
+    _zero_partial_tile(k_lat.index(0), k_rope.index(0), k_bars, 0, 0, start, end, ok_cur, num_tiles > 0, zero_layout,
+                       CHUNKS)  # fmt: skip
+    s_next = _scores_from_chunks(q_lat, q_rope, k_lat.index(0), k_rope.index(0), k_bars, 0, 0, num_tiles > 0, s_zero,
+                                 0, CHUNKS, CHUNK)  # fmt: skip
+    s_next = warpgroup_mma_wait(0, deps=(s_next,))
+    for i in range(num_tiles):
+        stage = i % 2
+        nstage = (i + 1) % 2
+        tile_start = start + i * BLOCK_N
+        row_pf2, ok_pf2 = _page_of(page_row_ptr, start, i + 3, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+        p, alpha, m_i, l_acc = _softmax_tile(s_next, tile_start, end, ok_cur, m_i, l_acc, qk_scale, offs_n, row_limit,
+                                             Q_LEN)  # fmt: skip
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _cta_barrier()
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        acc = warpgroup_mma(p_smem, k_lat.index(stage), acc, is_async=True)
+        nbase = nstage * CHUNKS
+        nphase = ((i + 1) // 2) & 1
+        has_next = i + 1 < num_tiles
+        _zero_partial_tile(k_lat.index(nstage), k_rope.index(nstage), k_bars, nbase, nphase, tile_start + BLOCK_N, end,
+                           ok_nxt, has_next, zero_layout, CHUNKS)  # fmt: skip
+        # With no next tile these multiply a stale stage; the result is dropped.
+        s_next = _scores_from_chunks(q_lat, q_rope, k_lat.index(nstage), k_rope.index(nstage), k_bars, nbase, nphase,
+                                     has_next, s_zero, 0, HALF, CHUNK)  # fmt: skip
+        # P V is the oldest group: retire it alone, and refill its stage (both warpgroups
+        # past it) while the scores go on.
+        acc = warpgroup_mma_wait(HALF, deps=(acc,))
+        _cta_barrier()
+        _load_tile_chunks(kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars, stage * CHUNKS, row_pf,
+                          i + 2 < num_tiles, CHUNK)  # fmt: skip
+        s_next = _scores_from_chunks(q_lat, q_rope, k_lat.index(nstage), k_rope.index(nstage), k_bars, nbase, nphase,
+                                     has_next, s_next, HALF, CHUNKS, CHUNK)  # fmt: skip
+        s_next = warpgroup_mma_wait(0, deps=(s_next,))
+        ok_cur = ok_nxt
+        ok_nxt = ok_pf
+        row_pf = row_pf2
+        ok_pf = ok_pf2
+    return m_i, l_acc, acc
+
+
+@gluon.jit
 def _attend_chunk(
     q_desc,
     qr_desc,
@@ -202,7 +322,8 @@ def _attend_chunk(
 
     num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
     mbarrier.init(q_bar, count=1)
-    for st in gl.static_range(NUM_STAGES):
+    K_BARRIERS: gl.constexpr = k_bars.shape[0]
+    for st in gl.static_range(K_BARRIERS):
         mbarrier.init(k_bars.index(st), count=1)
     fence_async_shared()
 
@@ -215,8 +336,14 @@ def _attend_chunk(
     # before it masks), so no page-table load sits on the loop's critical path.
     row0, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     row1, ok1 = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-    _load_tile(k_desc, kr_desc, k_lat.index(0), k_rope.index(0), k_bars.index(0), row0, 0 < num_tiles)
-    _load_tile(k_desc, kr_desc, k_lat.index(1), k_rope.index(1), k_bars.index(1), row1, 1 < num_tiles)
+    if PIPELINE >= 4:
+        CHUNK: gl.constexpr = 64 << (PIPELINE - 4)
+        CHUNKS: gl.constexpr = k_lat.shape[2] // CHUNK + 1
+        _load_tile_chunks(kr_desc, k_lat.index(0), k_rope.index(0), k_bars, 0, row0, 0 < num_tiles, CHUNK)
+        _load_tile_chunks(kr_desc, k_lat.index(1), k_rope.index(1), k_bars, CHUNKS, row1, 1 < num_tiles, CHUNK)
+    else:
+        _load_tile(k_desc, kr_desc, k_lat.index(0), k_rope.index(0), k_bars.index(0), row0, 0 < num_tiles)
+        _load_tile(k_desc, kr_desc, k_lat.index(1), k_rope.index(1), k_bars.index(1), row1, 1 < num_tiles)
     row_pf, ok_pf = _page_of(page_row_ptr, start, 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     ok_cur = ok0
     ok_nxt = ok1
@@ -227,94 +354,110 @@ def _attend_chunk(
     acc = gl.zeros([BLOCK_H, HEAD_DIM_V], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    row_limit = end
     if Q_LEN > 1:
         # Query token t of the row's last Q_LEN sees the positions before its own and itself.
         tokens = (first_row + gl.arange(0, BLOCK_H, layout=s_rows)) // NUM_HEADS
         row_limit = gl.minimum(seq_len - Q_LEN + tokens + 1, end)
 
     mbarrier.wait(q_bar, 0)
-    if PIPELINE:
-        # Scores of tile 0 ahead of the loop; each iteration issues tile i + 1's right
-        # behind tile i's P V, so the tensor cores run the two back to back.
-        _wait_tile(k_lat.index(0), k_rope.index(0), k_bars.index(0), 0, start, end, ok_cur, num_tiles > 0, zero_layout)
-        s_next = warpgroup_mma(q_lat, k_lat.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s_next = warpgroup_mma(q_rope, k_rope.index(0).permute((1, 0)), s_next, is_async=True)
-        s_next = warpgroup_mma_wait(0, deps=(s_next,))
-    for i in range(num_tiles):
-        stage = i % 2
-        tile_start = start + i * BLOCK_N
-        row_pf2, ok_pf2 = _page_of(page_row_ptr, start, i + 3, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+    if PIPELINE >= 4:
+        m_i, l_acc, acc = _attend_tiles_chunked(
+            q_lat, q_rope, kr_desc, k_lat, k_rope, p_smem, k_bars, page_row_ptr, num_pages, start, end, num_tiles,
+            row_pf, ok_cur, ok_nxt, ok_pf, m_i, l_acc, acc, qk_scale, offs_n, row_limit, s_zero, zero_layout, o_rows,
+            PAGE_SIZE, Q_LEN, 64 << (PIPELINE - 4),
+        )  # fmt: skip
+    else:
         if PIPELINE:
-            s = s_next
-        else:
+            # Scores of tile 0 ahead of the loop; each iteration issues tile i + 1's right
+            # behind tile i's P V, so the tensor cores run the two back to back.
             _wait_tile(
-                k_lat.index(stage),
-                k_rope.index(stage),
-                k_bars.index(stage),
-                (i // 2) & 1,
-                tile_start,
-                end,
-                ok_cur,
-                True,
-                zero_layout,
+                k_lat.index(0), k_rope.index(0), k_bars.index(0), 0, start, end, ok_cur, num_tiles > 0, zero_layout
             )
-            s = warpgroup_mma(q_lat, k_lat.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s,))
+            s_next = warpgroup_mma(q_lat, k_lat.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_next = warpgroup_mma(q_rope, k_rope.index(0).permute((1, 0)), s_next, is_async=True)
+            s_next = warpgroup_mma_wait(0, deps=(s_next,))
+        for i in range(num_tiles):
+            stage = i % 2
+            tile_start = start + i * BLOCK_N
+            row_pf2, ok_pf2 = _page_of(page_row_ptr, start, i + 3, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+            if PIPELINE:
+                s = s_next
+            else:
+                _wait_tile(
+                    k_lat.index(stage),
+                    k_rope.index(stage),
+                    k_bars.index(stage),
+                    (i // 2) & 1,
+                    tile_start,
+                    end,
+                    ok_cur,
+                    True,
+                    zero_layout,
+                )
+                s = warpgroup_mma(q_lat, k_lat.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma_wait(0, deps=(s,))
 
-        valid = ((tile_start + offs_n) < end) & ok_cur
-        if Q_LEN > 1:
-            s = gl.where(valid[None, :] & ((tile_start + offs_n)[None, :] < row_limit[:, None]), s * qk_scale,
-                         float("-inf"))  # fmt: skip
-        else:
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[:, None])
-        l_acc = l_acc * alpha[:, None] + p
-        m_i = m_new
-
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _cta_barrier()
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        acc = warpgroup_mma(p_smem, k_lat.index(stage), acc, is_async=True)
-        if PIPELINE:
-            nstage = (i + 1) % 2
-            _wait_tile(
-                k_lat.index(nstage),
-                k_rope.index(nstage),
-                k_bars.index(nstage),
-                ((i + 1) // 2) & 1,
-                tile_start + BLOCK_N,
-                end,
-                ok_nxt,
-                i + 1 < num_tiles,
-                zero_layout,
+            p, alpha, m_i, l_acc = _softmax_tile(
+                s, tile_start, end, ok_cur, m_i, l_acc, qk_scale, offs_n, row_limit, Q_LEN
             )
-            # With no next tile this multiplies a stale stage; the result is dropped.
-            s_next = warpgroup_mma(q_lat, k_lat.index(nstage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_next = warpgroup_mma(q_rope, k_rope.index(nstage).permute((1, 0)), s_next, is_async=True)
-            acc, s_next = warpgroup_mma_wait(0, deps=(acc, s_next))
-        else:
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-        # Both warpgroups are done with this stage (and with P) before it is refilled.
-        _cta_barrier()
-        _load_tile(
-            k_desc, kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), row_pf, i + 2 < num_tiles
-        )
-        ok_cur = ok_nxt
-        ok_nxt = ok_pf
-        row_pf = row_pf2
-        ok_pf = ok_pf2
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            _cta_barrier()
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            acc = warpgroup_mma(p_smem, k_lat.index(stage), acc, is_async=True)
+            if PIPELINE:
+                nstage = (i + 1) % 2
+                _wait_tile(
+                    k_lat.index(nstage),
+                    k_rope.index(nstage),
+                    k_bars.index(nstage),
+                    ((i + 1) // 2) & 1,
+                    tile_start + BLOCK_N,
+                    end,
+                    ok_nxt,
+                    i + 1 < num_tiles,
+                    zero_layout,
+                )
+                # With no next tile this multiplies a stale stage; the result is dropped.
+                s_next = warpgroup_mma(q_lat, k_lat.index(nstage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s_next = warpgroup_mma(q_rope, k_rope.index(nstage).permute((1, 0)), s_next, is_async=True)
+                if PIPELINE == 2:
+                    # Retire P V alone (the oldest of three groups) and refill its stage while
+                    # the next scores still run: the copy starts a whole Q K^T earlier.
+                    acc = warpgroup_mma_wait(2, deps=(acc,))
+                    _cta_barrier()
+                    _load_tile(k_desc, kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), row_pf,
+                               i + 2 < num_tiles)  # fmt: skip
+                    s_next = warpgroup_mma_wait(0, deps=(s_next,))
+                else:
+                    acc, s_next = warpgroup_mma_wait(0, deps=(acc, s_next))
+            else:
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+            if PIPELINE != 2:
+                # Both warpgroups are done with this stage (and with P) before it is refilled.
+                _cta_barrier()
+                _load_tile(
+                    k_desc,
+                    kr_desc,
+                    k_lat.index(stage),
+                    k_rope.index(stage),
+                    k_bars.index(stage),
+                    row_pf,
+                    i + 2 < num_tiles,
+                )
+            ok_cur = ok_nxt
+            ok_nxt = ok_pf
+            row_pf = row_pf2
+            ok_pf = ok_pf2
 
     # Every thread is past its last wait (the loop's last barrier, or the Q wait with no
     # tile), and no copy is in flight: the barriers can be retired (and set up anew for
     # the next chunk), and Q, K and P overwritten.
     _cta_barrier()
     mbarrier.invalidate(q_bar)
-    for st in gl.static_range(NUM_STAGES):
+    for st in gl.static_range(K_BARRIERS):
         mbarrier.invalidate(k_bars.index(st))
 
     l_i = gl.sum(l_acc, 1)
@@ -346,7 +489,7 @@ def _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, head_block, S
 
 
 @gluon.jit
-def _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES: gl.constexpr):
+def _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES: gl.constexpr, PIPELINE: gl.constexpr):
     """Shared memory of one program: Q, the K ring, P and the barriers."""
     BLOCK_H: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -359,7 +502,9 @@ def _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES: gl.constexpr):
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    # PIPELINE >= 4: a barrier per chunk of 64 << (PIPELINE - 4) latent columns, and the rope part's.
+    k_barriers: gl.constexpr = NUM_STAGES * ((k_desc.block_type.shape[1] >> (PIPELINE + 2)) + 1 if PIPELINE >= 4 else 1)
+    k_bars = gl.allocate_shared_memory(gl.int64, [k_barriers, 1], mbarrier.MBarrierLayout())
     return q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars
 
 
@@ -417,7 +562,9 @@ def _mla_stage1_hopper(
     start = split_idx * per_split
     end = gl.minimum(start + per_split, seq_len)
 
-    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES)
+    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(
+        q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES, PIPELINE
+    )
     q_row = (batch_idx * (Q_LEN * NUM_HEADS)).to(gl.int32) + head_block * 64
     o, lse = _attend_chunk(
         q_desc, qr_desc, k_desc, kr_desc, q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars,
@@ -459,7 +606,9 @@ def _mla_stage1_hopper_scheduled(
     _check_shapes(q_desc, qr_desc, k_desc, PAGE_SIZE, NUM_STAGES)
     first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
     end_row = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1))
-    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES)
+    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(
+        q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES, PIPELINE
+    )
     # Only the row is carried across chunks (the chunk's own loop needs every register
     # it can get); the program ids and the schedule are read again per chunk.  Still,
     # ptxas (triton 3.6) gives this kernel 255 registers and 32 bytes of spills against
