@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
+from benchmarks.mla_hopper import SEESAW  # the pipeline number of the seesaw kernel
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
-SEESAW = 9  # benchmarks.mla_hopper's pipeline number of the seesaw kernel
 
 
 def _gluon_hopper_missing() -> str | None:

@@ -323,6 +323,10 @@ def _attend_chunk(
     num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
     mbarrier.init(q_bar, count=1)
     K_BARRIERS: gl.constexpr = k_bars.shape[0]
+    # PIPELINE >= 4: each stage has a barrier per CHUNK latent columns and one for the
+    # rope part (_chunk_buffers allocates them).
+    CHUNKS: gl.constexpr = K_BARRIERS // NUM_STAGES
+    CHUNK: gl.constexpr = HEAD_DIM_V // (CHUNKS - 1) if PIPELINE >= 4 else HEAD_DIM_V
     for st in gl.static_range(K_BARRIERS):
         mbarrier.init(k_bars.index(st), count=1)
     fence_async_shared()
@@ -337,8 +341,6 @@ def _attend_chunk(
     row0, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     row1, ok1 = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     if PIPELINE >= 4:
-        CHUNK: gl.constexpr = 64 << (PIPELINE - 4)
-        CHUNKS: gl.constexpr = k_lat.shape[2] // CHUNK + 1
         _load_tile_chunks(kr_desc, k_lat.index(0), k_rope.index(0), k_bars, 0, row0, 0 < num_tiles, CHUNK)
         _load_tile_chunks(kr_desc, k_lat.index(1), k_rope.index(1), k_bars, CHUNKS, row1, 1 < num_tiles, CHUNK)
     else:
@@ -365,7 +367,7 @@ def _attend_chunk(
         m_i, l_acc, acc = _attend_tiles_chunked(
             q_lat, q_rope, kr_desc, k_lat, k_rope, p_smem, k_bars, page_row_ptr, num_pages, start, end, num_tiles,
             row_pf, ok_cur, ok_nxt, ok_pf, m_i, l_acc, acc, qk_scale, offs_n, row_limit, s_zero, zero_layout, o_rows,
-            PAGE_SIZE, Q_LEN, 64 << (PIPELINE - 4),
+            PAGE_SIZE, Q_LEN, CHUNK,
         )  # fmt: skip
     else:
         if PIPELINE:
