@@ -73,7 +73,7 @@ def default_splits(batch: int, num_heads: int, ctx: int, num_sms: int) -> int:
 class MlaHopper:
     """Stage 1 (Gluon, sm_90) + our stage 2 for one problem shape and split count.
 
-    ``pipeline`` 0, 1 or 2: the two-warpgroup kernel's PIPELINE; ``SEESAW``: the seesaw kernel."""
+    ``pipeline`` 0 or 1: the two-warpgroup kernel's PIPELINE; ``SEESAW``: the seesaw kernel."""
 
     def __init__(
         self, batch, num_heads, num_pages, max_pages, sm_scale, num_kv_splits, pipeline, num_sms=132, direct=False
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--profile", action="store_true", help="only launch b64 ctx4k stage 1 a few times (for ncu)")
     parser.add_argument(
-        "--variants", default=None, help="e.g. '2:1:1,9:1:0' (pipeline:splits:direct; 9 = seesaw), rows 2,3 only"
+        "--variants", default=None, help="e.g. '1:1:1,9:1:0' (pipeline:splits:direct; 9 = seesaw), rows 2,3 only"
     )
     args = parser.parse_args(argv)
     if args.profile:  # each variant's stage 1 (default: PIPELINE=1, one split) four times

@@ -114,7 +114,7 @@ def _run_isolated(name: str, *args) -> None:
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
 
 
-@pytest.mark.parametrize("pipeline", [0, 1, 2, 4, 5, 6, SEESAW], ids=lambda p: f"{p=}")
+@pytest.mark.parametrize("pipeline", [0, 1, SEESAW], ids=lambda p: f"{p=}")
 def test_compiles_for_sm90(pipeline):
     missing = _gluon_hopper_missing()
     if missing:
@@ -123,7 +123,7 @@ def test_compiles_for_sm90(pipeline):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pipeline", [0, 1, 2, 4, 6], ids=lambda p: f"{p=}")
+@pytest.mark.parametrize("pipeline", [0, 1], ids=lambda p: f"{p=}")
 @pytest.mark.parametrize("num_kv_splits", [1, 3, 8], ids=lambda s: f"{s=}")
 def test_matches_oracle_on_awkward_input(pipeline, num_kv_splits):
     torch = pytest.importorskip("torch")

@@ -30,17 +30,22 @@ warpgroups; grid ``(cdiv(num_heads, 64), batch, num_kv_splits)``):
   O = O * alpha + P V with the same [4, 2] warps: warpgroup w owns output columns
   256w..256w+255 (M=64, N=256, K=64; 128 fp32 registers a thread).  V is the first
   512 columns of the K tile already in shared memory (no second read, no copy).
-* ``PIPELINE=1`` issues tile i + 1's Q K^T right behind tile i's P V (both
-  asynchronous, one wait), so the tensor cores run them back to back; ``PIPELINE=0``
-  waits for each product in turn.  Either way a stage is refilled by TMA as soon as
-  its P V has retired, a whole iteration before it is needed.
+* ``PIPELINE=1`` (the default) issues tile i + 1's Q K^T right behind tile i's P V
+  (all asynchronous), retires P V alone and refills its stage by TMA while the scores
+  still run, so the tensor cores run the products back to back and each copy has
+  almost two iterations to land.  ``PIPELINE=0`` waits for each product in turn (the
+  plain reference schedule; the stage is refilled once its P V has retired).
 
-Where it stands (H200, triton 3.6, benchmarks/mla_hopper.py): 254 registers a thread,
-no spills; ~420 TFLOP/s at b64 ctx4k (FlashMLA ~585), the tensor pipe ~46% busy.
-Both warpgroups run the same phases in lock step (products, then softmax, then the
-P barrier), so the tensor cores idle during each softmax.  Overlapping them needs a
-third K stage (no room) or FlashMLA's "seesaw" (one warpgroup's softmax against the
-other's products, warp-specialised, with K released chunk by chunk).
+Where it stands (triton 3.6, benchmarks/mla_hopper.py): 254 registers a thread, no
+spills (fixed splits).  On the H100, b64 ctx4k 171 us (FlashMLA 132 in the same run), b128 ctx1k
+106 us (FlashMLA 77).  Nsight Compute puts the top stall on the wait for the next
+tile's copy and the tensor pipe ~47% busy: both warpgroups run the same phases in
+lock step (products, then softmax, then the P barrier), so the tensor cores idle
+during each softmax.  Overlapping them needs a third K stage (no room) or FlashMLA's
+"seesaw" (one warpgroup's softmax against the other's products, warp-specialised,
+with K released chunk by chunk).  Copying each tile in 64/128/256-column chunks on
+their own barriers, with the scores issued chunk by chunk, was measured 5-15%
+slower (docs/experiments.md).
 
 ``_mla_stage1_hopper_seesaw`` (below) is a first version of that seesaw: 222,540 bytes
 of shared memory, 255 registers with a 208-byte stack (some spills) in warpgroup 0.  On
@@ -178,107 +183,6 @@ def _softmax_tile(s, tile_start, end, page_ok, m_i, l_acc, qk_scale, offs_n, row
 
 
 @gluon.jit
-def _load_tile_chunks(kr_desc, k_lat, k_rope, bars, base, row, pred, CHUNK: gl.constexpr):
-    """Start the copies of one K tile into one ring stage: latent chunk c (columns
-    CHUNK c .. CHUNK (c + 1)) completes ``bars[base + c]``, the rope part the last barrier.
-    Every copy is a 64-column TMA block (``kr_desc``'s)."""
-    LATENT: gl.constexpr = k_lat.shape[1] // CHUNK
-    for c in gl.static_range(LATENT):
-        mbarrier.expect(bars.index(base + c), CHUNK // 64 * kr_desc.block_type.nbytes, pred=pred)
-        for j in gl.static_range(CHUNK // 64):
-            _tma_load(kr_desc, [row, c * CHUNK + j * 64], bars.index(base + c),
-                      k_lat.slice(c * CHUNK + j * 64, 64, dim=1), pred=pred)  # fmt: skip
-    mbarrier.expect(bars.index(base + LATENT), kr_desc.block_type.nbytes, pred=pred)
-    _tma_load(kr_desc, [row, ROPE_COL], bars.index(base + LATENT), k_rope, pred=pred)
-
-
-@gluon.jit
-def _scores_from_chunks(q_lat, q_rope, k_lat, k_rope, bars, base, phase, pred, s, C0: gl.constexpr, C1: gl.constexpr,
-                        CHUNK: gl.constexpr):  # fmt: skip
-    """Issue the score products of chunks [C0, C1) of one K tile (the last chunk is the
-    rope part), each as soon as its copy has landed; chunk 0 starts the accumulation."""
-    LATENT: gl.constexpr = k_lat.shape[1] // CHUNK
-    for c in gl.static_range(C0, C1):
-        mbarrier.wait(bars.index(base + c), phase, pred=pred)
-        if c < LATENT:
-            k_t = k_lat.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0))
-            s = warpgroup_mma(q_lat.slice(c * CHUNK, CHUNK, dim=1), k_t, s, use_acc=c > 0, is_async=True)
-        else:
-            s = warpgroup_mma(q_rope, k_rope.permute((1, 0)), s, is_async=True)
-    return s
-
-
-@gluon.jit
-def _zero_partial_tile(k_lat, k_rope, bars, base, phase, tile_start, end, page_ok, pred, layout: gl.constexpr,
-                       CHUNKS: gl.constexpr):  # fmt: skip
-    """For a tile that runs past ``end`` or has a bad page: wait for all its chunks and zero
-    the rows past ``end`` (all rows for a bad page) before any product reads it."""
-    if pred & ((tile_start + k_lat.shape[0] > end) | (~page_ok)):
-        for c in gl.static_range(CHUNKS):
-            mbarrier.wait(bars.index(base + c), phase)
-        _zero_invalid_rows(k_lat, tile_start, end, page_ok, layout)
-        _zero_invalid_rows(k_rope, tile_start, end, page_ok, layout)
-        fence_async_shared()
-        _cta_barrier()
-
-
-@gluon.jit
-def _attend_tiles_chunked(
-    q_lat, q_rope, kr_desc, k_lat, k_rope, p_smem, k_bars, page_row_ptr, num_pages, start, end, num_tiles,
-    row_pf, ok_cur, ok_nxt, ok_pf, m_i, l_acc, acc, qk_scale, offs_n, row_limit, s_zero,
-    zero_layout: gl.constexpr, o_rows: gl.constexpr, PAGE_SIZE: gl.constexpr, Q_LEN: gl.constexpr,
-    CHUNK: gl.constexpr,
-):  # fmt: skip
-    """The tile loop with ``PIPELINE`` >= 4: as ``PIPELINE=2`` (tile i + 1's scores right
-    behind tile i's P V, the stage refilled as soon as P V retires), with each K tile
-    copied and consumed in chunks of ``CHUNK`` latent columns (and the rope part), so
-    the scores start when the first chunk lands instead of the whole 72 KB tile."""
-    BLOCK_N: gl.constexpr = k_lat.shape[1]
-    LATENT: gl.constexpr = k_lat.shape[2] // CHUNK
-    CHUNKS: gl.constexpr = LATENT + 1
-    HALF: gl.constexpr = LATENT // 2
-    _zero_partial_tile(k_lat.index(0), k_rope.index(0), k_bars, 0, 0, start, end, ok_cur, num_tiles > 0, zero_layout,
-                       CHUNKS)  # fmt: skip
-    s_next = _scores_from_chunks(q_lat, q_rope, k_lat.index(0), k_rope.index(0), k_bars, 0, 0, num_tiles > 0, s_zero,
-                                 0, CHUNKS, CHUNK)  # fmt: skip
-    s_next = warpgroup_mma_wait(0, deps=(s_next,))
-    for i in range(num_tiles):
-        stage = i % 2
-        nstage = (i + 1) % 2
-        tile_start = start + i * BLOCK_N
-        row_pf2, ok_pf2 = _page_of(page_row_ptr, start, i + 3, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-        p, alpha, m_i, l_acc = _softmax_tile(s_next, tile_start, end, ok_cur, m_i, l_acc, qk_scale, offs_n, row_limit,
-                                             Q_LEN)  # fmt: skip
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _cta_barrier()
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        acc = warpgroup_mma(p_smem, k_lat.index(stage), acc, is_async=True)
-        nbase = nstage * CHUNKS
-        nphase = ((i + 1) // 2) & 1
-        has_next = i + 1 < num_tiles
-        _zero_partial_tile(k_lat.index(nstage), k_rope.index(nstage), k_bars, nbase, nphase, tile_start + BLOCK_N, end,
-                           ok_nxt, has_next, zero_layout, CHUNKS)  # fmt: skip
-        # With no next tile these multiply a stale stage; the result is dropped.
-        s_next = _scores_from_chunks(q_lat, q_rope, k_lat.index(nstage), k_rope.index(nstage), k_bars, nbase, nphase,
-                                     has_next, s_zero, 0, HALF, CHUNK)  # fmt: skip
-        # P V is the oldest group: retire it alone, and refill its stage (both warpgroups
-        # past it) while the scores go on.
-        acc = warpgroup_mma_wait(HALF, deps=(acc,))
-        _cta_barrier()
-        _load_tile_chunks(kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars, stage * CHUNKS, row_pf,
-                          i + 2 < num_tiles, CHUNK)  # fmt: skip
-        s_next = _scores_from_chunks(q_lat, q_rope, k_lat.index(nstage), k_rope.index(nstage), k_bars, nbase, nphase,
-                                     has_next, s_next, HALF, CHUNKS, CHUNK)  # fmt: skip
-        s_next = warpgroup_mma_wait(0, deps=(s_next,))
-        ok_cur = ok_nxt
-        ok_nxt = ok_pf
-        row_pf = row_pf2
-        ok_pf = ok_pf2
-    return m_i, l_acc, acc
-
-
-@gluon.jit
 def _attend_chunk(
     q_desc,
     qr_desc,
@@ -322,12 +226,7 @@ def _attend_chunk(
 
     num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
     mbarrier.init(q_bar, count=1)
-    K_BARRIERS: gl.constexpr = k_bars.shape[0]
-    # PIPELINE >= 4: each stage has a barrier per CHUNK latent columns and one for the
-    # rope part (_chunk_buffers allocates them).
-    CHUNKS: gl.constexpr = K_BARRIERS // NUM_STAGES
-    CHUNK: gl.constexpr = HEAD_DIM_V // (CHUNKS - 1) if PIPELINE >= 4 else HEAD_DIM_V
-    for st in gl.static_range(K_BARRIERS):
+    for st in gl.static_range(NUM_STAGES):
         mbarrier.init(k_bars.index(st), count=1)
     fence_async_shared()
 
@@ -340,12 +239,8 @@ def _attend_chunk(
     # before it masks), so no page-table load sits on the loop's critical path.
     row0, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     row1, ok1 = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-    if PIPELINE >= 4:
-        _load_tile_chunks(kr_desc, k_lat.index(0), k_rope.index(0), k_bars, 0, row0, 0 < num_tiles, CHUNK)
-        _load_tile_chunks(kr_desc, k_lat.index(1), k_rope.index(1), k_bars, CHUNKS, row1, 1 < num_tiles, CHUNK)
-    else:
-        _load_tile(k_desc, kr_desc, k_lat.index(0), k_rope.index(0), k_bars.index(0), row0, 0 < num_tiles)
-        _load_tile(k_desc, kr_desc, k_lat.index(1), k_rope.index(1), k_bars.index(1), row1, 1 < num_tiles)
+    _load_tile(k_desc, kr_desc, k_lat.index(0), k_rope.index(0), k_bars.index(0), row0, 0 < num_tiles)
+    _load_tile(k_desc, kr_desc, k_lat.index(1), k_rope.index(1), k_bars.index(1), row1, 1 < num_tiles)
     row_pf, ok_pf = _page_of(page_row_ptr, start, 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     ok_cur = ok0
     ok_nxt = ok1
@@ -363,103 +258,61 @@ def _attend_chunk(
         row_limit = gl.minimum(seq_len - Q_LEN + tokens + 1, end)
 
     mbarrier.wait(q_bar, 0)
-    if PIPELINE >= 4:
-        m_i, l_acc, acc = _attend_tiles_chunked(
-            q_lat, q_rope, kr_desc, k_lat, k_rope, p_smem, k_bars, page_row_ptr, num_pages, start, end, num_tiles,
-            row_pf, ok_cur, ok_nxt, ok_pf, m_i, l_acc, acc, qk_scale, offs_n, row_limit, s_zero, zero_layout, o_rows,
-            PAGE_SIZE, Q_LEN, CHUNK,
-        )  # fmt: skip
-    else:
+    if PIPELINE:
+        # Scores of tile 0 ahead of the loop; each iteration issues tile i + 1's right
+        # behind tile i's P V, so the tensor cores run the two back to back.
+        _wait_tile(k_lat.index(0), k_rope.index(0), k_bars.index(0), 0, start, end, ok_cur, num_tiles > 0, zero_layout)
+        s_next = warpgroup_mma(q_lat, k_lat.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_next = warpgroup_mma(q_rope, k_rope.index(0).permute((1, 0)), s_next, is_async=True)
+        s_next = warpgroup_mma_wait(0, deps=(s_next,))
+    for i in range(num_tiles):
+        stage = i % 2
+        tile_start = start + i * BLOCK_N
+        row_pf2, ok_pf2 = _page_of(page_row_ptr, start, i + 3, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
         if PIPELINE:
-            # Scores of tile 0 ahead of the loop; each iteration issues tile i + 1's right
-            # behind tile i's P V, so the tensor cores run the two back to back.
-            _wait_tile(
-                k_lat.index(0), k_rope.index(0), k_bars.index(0), 0, start, end, ok_cur, num_tiles > 0, zero_layout
-            )
-            s_next = warpgroup_mma(q_lat, k_lat.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_next = warpgroup_mma(q_rope, k_rope.index(0).permute((1, 0)), s_next, is_async=True)
-            s_next = warpgroup_mma_wait(0, deps=(s_next,))
-        for i in range(num_tiles):
-            stage = i % 2
-            tile_start = start + i * BLOCK_N
-            row_pf2, ok_pf2 = _page_of(page_row_ptr, start, i + 3, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-            if PIPELINE:
-                s = s_next
-            else:
-                _wait_tile(
-                    k_lat.index(stage),
-                    k_rope.index(stage),
-                    k_bars.index(stage),
-                    (i // 2) & 1,
-                    tile_start,
-                    end,
-                    ok_cur,
-                    True,
-                    zero_layout,
-                )
-                s = warpgroup_mma(q_lat, k_lat.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), s, is_async=True)
-                s = warpgroup_mma_wait(0, deps=(s,))
+            s = s_next
+        else:
+            _wait_tile(k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), (i // 2) & 1, tile_start, end,
+                       ok_cur, True, zero_layout)  # fmt: skip
+            s = warpgroup_mma(q_lat, k_lat.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s,))
 
-            p, alpha, m_i, l_acc = _softmax_tile(
-                s, tile_start, end, ok_cur, m_i, l_acc, qk_scale, offs_n, row_limit, Q_LEN
-            )
-            p_smem.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            _cta_barrier()
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            acc = warpgroup_mma(p_smem, k_lat.index(stage), acc, is_async=True)
-            if PIPELINE:
-                nstage = (i + 1) % 2
-                _wait_tile(
-                    k_lat.index(nstage),
-                    k_rope.index(nstage),
-                    k_bars.index(nstage),
-                    ((i + 1) // 2) & 1,
-                    tile_start + BLOCK_N,
-                    end,
-                    ok_nxt,
-                    i + 1 < num_tiles,
-                    zero_layout,
-                )
-                # With no next tile this multiplies a stale stage; the result is dropped.
-                s_next = warpgroup_mma(q_lat, k_lat.index(nstage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s_next = warpgroup_mma(q_rope, k_rope.index(nstage).permute((1, 0)), s_next, is_async=True)
-                if PIPELINE == 2:
-                    # Retire P V alone (the oldest of three groups) and refill its stage while
-                    # the next scores still run: the copy starts a whole Q K^T earlier.
-                    acc = warpgroup_mma_wait(2, deps=(acc,))
-                    _cta_barrier()
-                    _load_tile(k_desc, kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), row_pf,
-                               i + 2 < num_tiles)  # fmt: skip
-                    s_next = warpgroup_mma_wait(0, deps=(s_next,))
-                else:
-                    acc, s_next = warpgroup_mma_wait(0, deps=(acc, s_next))
-            else:
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-            if PIPELINE != 2:
-                # Both warpgroups are done with this stage (and with P) before it is refilled.
-                _cta_barrier()
-                _load_tile(
-                    k_desc,
-                    kr_desc,
-                    k_lat.index(stage),
-                    k_rope.index(stage),
-                    k_bars.index(stage),
-                    row_pf,
-                    i + 2 < num_tiles,
-                )
-            ok_cur = ok_nxt
-            ok_nxt = ok_pf
-            row_pf = row_pf2
-            ok_pf = ok_pf2
+        p, alpha, m_i, l_acc = _softmax_tile(s, tile_start, end, ok_cur, m_i, l_acc, qk_scale, offs_n, row_limit, Q_LEN)
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _cta_barrier()
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        acc = warpgroup_mma(p_smem, k_lat.index(stage), acc, is_async=True)
+        if PIPELINE:
+            nstage = (i + 1) % 2
+            _wait_tile(k_lat.index(nstage), k_rope.index(nstage), k_bars.index(nstage), ((i + 1) // 2) & 1,
+                       tile_start + BLOCK_N, end, ok_nxt, i + 1 < num_tiles, zero_layout)  # fmt: skip
+            # With no next tile this multiplies a stale stage; the result is dropped.
+            s_next = warpgroup_mma(q_lat, k_lat.index(nstage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_next = warpgroup_mma(q_rope, k_rope.index(nstage).permute((1, 0)), s_next, is_async=True)
+            # Retire P V alone (the oldest of three groups): its stage is refilled below
+            # while the next scores still run, a whole Q K^T before waiting for both would.
+            acc = warpgroup_mma_wait(2, deps=(acc,))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+        # Both warpgroups are done with this stage (and with P) before it is refilled.
+        _cta_barrier()
+        _load_tile(k_desc, kr_desc, k_lat.index(stage), k_rope.index(stage), k_bars.index(stage), row_pf,
+                   i + 2 < num_tiles)  # fmt: skip
+        if PIPELINE:
+            s_next = warpgroup_mma_wait(0, deps=(s_next,))
+        ok_cur = ok_nxt
+        ok_nxt = ok_pf
+        row_pf = row_pf2
+        ok_pf = ok_pf2
 
     # Every thread is past its last wait (the loop's last barrier, or the Q wait with no
     # tile), and no copy is in flight: the barriers can be retired (and set up anew for
     # the next chunk), and Q, K and P overwritten.
     _cta_barrier()
     mbarrier.invalidate(q_bar)
-    for st in gl.static_range(K_BARRIERS):
+    for st in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_bars.index(st))
 
     l_i = gl.sum(l_acc, 1)
@@ -491,7 +344,7 @@ def _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, head_block, S
 
 
 @gluon.jit
-def _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES: gl.constexpr, PIPELINE: gl.constexpr):
+def _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES: gl.constexpr):
     """Shared memory of one program: Q, the K ring, P and the barriers."""
     BLOCK_H: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -504,9 +357,7 @@ def _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES: gl.constexpr, P
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    # PIPELINE >= 4: a barrier per chunk of 64 << (PIPELINE - 4) latent columns, and the rope part's.
-    k_barriers: gl.constexpr = NUM_STAGES * ((k_desc.block_type.shape[1] >> (PIPELINE + 2)) + 1 if PIPELINE >= 4 else 1)
-    k_bars = gl.allocate_shared_memory(gl.int64, [k_barriers, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     return q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars
 
 
@@ -565,7 +416,7 @@ def _mla_stage1_hopper(
     end = gl.minimum(start + per_split, seq_len)
 
     q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(
-        q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES, PIPELINE
+        q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES
     )
     q_row = (batch_idx * (Q_LEN * NUM_HEADS)).to(gl.int32) + head_block * 64
     o, lse = _attend_chunk(
@@ -609,7 +460,7 @@ def _mla_stage1_hopper_scheduled(
     first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
     end_row = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1))
     q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(
-        q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES, PIPELINE
+        q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES
     )
     # Only the row is carried across chunks (the chunk's own loop needs every register
     # it can get); the program ids and the schedule are read again per chunk.  Still,
