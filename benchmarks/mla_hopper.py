@@ -13,7 +13,8 @@ Times are CUDA-graph device times (:func:`benchmarks.timing.time_torch`), rotati
 input sets so that L2 does not serve them; FLOPs = 2 * batch * heads * ctx * (576 + 512).
 
 Measured 2026-12-04 on one H200 (132 SMs; torch 2.11, triton 3.6, sgl-flash-mla 1.0.0),
-best variant per row (p: PIPELINE, s: splits, dir: one split written straight to out):
+best variant per row (p: PIPELINE, as it then was -- p1 waited for P V and the next scores
+together; s: splits, dir: one split written straight to out):
 
     row               ours (us, TFLOP/s)     torch_bridge   FlashMLA      ours/FlashMLA time
     b1   ctx32k h128  p0 s66      39.2  233   74.0  123     41.2  222     1.05
