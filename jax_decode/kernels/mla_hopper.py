@@ -36,16 +36,16 @@ warpgroups; grid ``(cdiv(num_heads, 64), batch, num_kv_splits)``):
   almost two iterations to land.  ``PIPELINE=0`` waits for each product in turn (the
   plain reference schedule; the stage is refilled once its P V has retired).
 
-Where it stands (triton 3.6, benchmarks/mla_hopper.py): 254 registers a thread, no
-spills (fixed splits).  On the H100, b64 ctx4k 171 us (FlashMLA 132 in the same run), b128 ctx1k
-106 us (FlashMLA 77).  Nsight Compute puts the top stall on the wait for the next
-tile's copy and the tensor pipe ~47% busy: both warpgroups run the same phases in
-lock step (products, then softmax, then the P barrier), so the tensor cores idle
-during each softmax.  Overlapping them needs a third K stage (no room) or FlashMLA's
-"seesaw" (one warpgroup's softmax against the other's products, warp-specialised,
-with K released chunk by chunk).  Copying each tile in 64/128/256-column chunks on
-their own barriers, with the scores issued chunk by chunk, was measured 5-15%
-slower (docs/experiments.md).
+Where it stands (triton 3.6, benchmarks/mla_hopper.py): 236 registers a thread in the
+one-split launch, 254 with fp32 partials, no spills.  On the H100, b64 ctx4k 171 us
+(FlashMLA 132 in the same run), b128 ctx1k 106 us (FlashMLA 77).  Nsight Compute: the
+tensor pipe ~51% busy, DRAM ~48%; the warps mostly wait on their own MMAs, copies and
+barriers.  Both warpgroups run the same phases in lock step (products, then softmax,
+then the P barrier), so the tensor cores idle during each softmax.  Overlapping them
+needs a third K stage (no room) or FlashMLA's "seesaw" (one warpgroup's softmax
+against the other's products, warp-specialised, with K released chunk by chunk).
+Copying each tile in 64/128/256-column chunks on their own barriers, with the scores
+issued chunk by chunk, was measured 5-15% slower (docs/experiments.md).
 
 ``_mla_stage1_hopper_seesaw`` (below) is a first version of that seesaw: 222,540 bytes
 of shared memory, 255 registers with a 208-byte stack (some spills) in warpgroup 0.  On
