@@ -47,11 +47,15 @@ against the other's products, warp-specialised, with K released chunk by chunk).
 Copying each tile in 64/128/256-column chunks on their own barriers, with the scores
 issued chunk by chunk, was measured 5-15% slower (docs/experiments.md).
 
-``_mla_stage1_hopper_seesaw`` (below) is a first version of that seesaw: 222,540 bytes
-of shared memory, 255 registers with a 208-byte stack (some spills) in warpgroup 0.  On
-the H200 it passes the oracle and was no faster than the kernel above in its first run
-(b64 ctx4k 177.6 against 174.6 us); only ``benchmarks/mla_hopper.py --variants 9:1:0``
-launches it.
+``_mla_stage1_hopper_seesaw`` (below) is that seesaw: the two warpgroups take alternate
+tiles and split the output columns, and each K tile arrives in nine 64-column chunks,
+each on its own barrier and refilled for the tile two ahead as soon as the last product
+that reads it has retired (FlashMLA's fine-grained copy-GEMM pipelining).  230,852
+bytes of shared memory; 255 registers with a 104-byte stack (triton 3.6).  Only
+``benchmarks/mla_hopper.py --variants 9:1:0`` launches it; this version compiles for
+sm_90 but has not run on a GPU yet (the GPU suite's oracle test covers it).  Its first version, with
+the K tile in three parts refilled only after both warpgroups were done with a pair,
+was 10% slower than the kernel above on the H100 (docs/experiments.md).
 
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per
@@ -501,17 +505,62 @@ def _safe(m):
 
 
 @gluon.jit
-def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, s_zero):
-    """S = Q K^T of one tile over the latent halves and the rope part (K = 256 + 256 + 64)."""
-    s = warpgroup_mma(q_l, k_l.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma(q_r, k_r.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(q_e, k_e.permute((1, 0)), s, is_async=True)
+def _seesaw_k_chunk(k_l, k_r, k_e, stage, c: gl.constexpr):
+    """Columns 64c..64c+63 of a K stage: chunks 0-3 are the latent's left half, 4-7 its
+    right half, 8 the rope part."""
+    if c < 4:
+        return k_l.index(stage).slice(c * 64, 64, dim=1)
+    elif c < 8:
+        return k_r.index(stage).slice((c - 4) * 64, 64, dim=1)
+    else:
+        return k_e.index(stage)
+
+
+@gluon.jit
+def _seesaw_q_chunk(q_l, q_r, q_e, c: gl.constexpr):
+    if c < 4:
+        return q_l.slice(c * 64, 64, dim=1)
+    elif c < 8:
+        return q_r.slice((c - 4) * 64, 64, dim=1)
+    else:
+        return q_e
+
+
+@gluon.jit
+def _seesaw_load(kr_desc, k_l, k_r, k_e, full, stage: gl.constexpr, C0: gl.constexpr, C1: gl.constexpr, row, pred):
+    """Start the copies of chunks [C0, C1) of one K tile into ``stage``, each completing
+    its own barrier ``full[9 stage + c]`` (every chunk is one [64, 64] TMA block)."""
+    for c in gl.static_range(C0, C1):
+        bar = full.index(stage * 9 + c)
+        mbarrier.expect(bar, kr_desc.block_type.nbytes, pred=pred)
+        _tma_load(kr_desc, [row, c * 64], bar, _seesaw_k_chunk(k_l, k_r, k_e, stage, c), pred=pred)
+
+
+@gluon.jit
+def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, stage: gl.constexpr, phase, tile_start, end, page_ok, pred,
+                   s_zero, FIRST: gl.constexpr, zero_layout: gl.constexpr):  # fmt: skip
+    """S = Q K^T of one tile as nine products of 64 columns, each issued as soon as its
+    chunk has landed, starting with chunk FIRST (the chunks in the order they were freed
+    for this tile's copy).  A tile that runs past ``end`` or has a bad page waits for
+    all its chunks and has its invalid rows zeroed first."""
+    if pred & ((tile_start + 64 > end) | (~page_ok)):
+        for c in gl.static_range(9):
+            mbarrier.wait(full.index(stage * 9 + c), phase)
+        _zero_invalid_rows(k_l.index(stage), tile_start, end, page_ok, zero_layout)
+        _zero_invalid_rows(k_r.index(stage), tile_start, end, page_ok, zero_layout)
+        _zero_invalid_rows(k_e.index(stage), tile_start, end, page_ok, zero_layout)
+        fence_async_shared()
+        _cta_barrier()
+    s = s_zero
+    for i in gl.static_range(9):
+        mbarrier.wait(full.index(stage * 9 + (FIRST + i) % 9), phase, pred=pred)
+        k_t = _seesaw_k_chunk(k_l, k_r, k_e, stage, (FIRST + i) % 9).permute((1, 0))
+        s = warpgroup_mma(_seesaw_q_chunk(q_l, q_r, q_e, (FIRST + i) % 9), k_t, s, use_acc=i > 0, is_async=True)
     return warpgroup_mma_wait(0, deps=(s,))
 
 
 @gluon.jit
 def _seesaw_partition(
-    k_desc,
     kr_desc,
     q_l,
     q_r,
@@ -519,6 +568,7 @@ def _seesaw_partition(
     k_l,
     k_r,
     k_e,
+    p0_smem,
     full,
     xbars,
     s_m0,
@@ -545,8 +595,9 @@ def _seesaw_partition(
     PAGE_SIZE: gl.constexpr,
     WG: gl.constexpr,
 ):
-    """One warpgroup of the seesaw: WG 0 scores even tiles and owns output columns 0..255,
-    WG 1 odd tiles and columns 256..511.  Per pair of tiles (K0 even, K1 odd):
+    """One warpgroup of the seesaw: WG 0 scores even tiles (stage 0) and owns output
+    columns 0..255, WG 1 odd tiles (stage 1) and columns 256..511.  Per pair of tiles
+    (K0 even, K1 odd):
 
         [0] S0 = Q K0^T            [1] S1 = Q K1^T
         [0] m0 = max(m, S0), publish; P0 = exp2(S0 - m0); O_L = O_L * sc0 + P0 V0_L
@@ -554,9 +605,13 @@ def _seesaw_partition(
         [0] P0 *= sc1 -> smem       [1] O_R += P0 V0_R
         [0] O_L = O_L * sc1 + P1 V1_L
 
-    Each part of a K stage (latent left, latent right, rope) is refilled by TMA by the
-    warpgroup that uses it last, as soon as it has; P0 and P1 live in the rope part of
-    their tile's stage once that tile's scores are done.
+    K tiles arrive in nine 64-column chunks, each on its own barrier, and each chunk is
+    refilled for the tile two ahead as soon as the last product that reads it has
+    retired: K0's rope part after S0, its left half after P0 V0_L, its right half after
+    P0 V0_R; K1's right half after P1 V1_R, its left half and rope part (which holds P1
+    meanwhile) after P1 V1_L.  The next pair's scores take the chunks in that order, so
+    they start on the chunks that were freed first.  P0 has its own buffer, which WG 1
+    releases (``p0_free``) once P0 V0_R has retired.
     """
     BLOCK_H: gl.constexpr = 64
     BLOCK_N: gl.constexpr = 64
@@ -574,6 +629,7 @@ def _seesaw_partition(
     bar_p0 = xbars.index(2)
     bar_p1 = xbars.index(3)
     bar_fin = xbars.index(4)
+    bar_p0_free = xbars.index(5)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=rows)
@@ -595,18 +651,12 @@ def _seesaw_partition(
         has_t0n = t0 + 2 < num_tiles
         has_t1n = t1 + 2 < num_tiles
         if WG == 0:
-            # ---- scores of the even tile
-            mbarrier.wait(full.index(0), phase)
-            mbarrier.wait(full.index(1), phase)
-            mbarrier.wait(full.index(2), phase)
+            # ---- scores of the even tile (rope part first, then the left and right halves)
             ts0 = start + t0 * BLOCK_N
-            if (ts0 + BLOCK_N > end) | (~ok0):
-                _zero_invalid_rows(k_l.index(0), ts0, end, ok0, zero_layout)
-                _zero_invalid_rows(k_r.index(0), ts0, end, ok0, zero_layout)
-                _zero_invalid_rows(k_e.index(0), ts0, end, ok0, zero_layout)
-                fence_async_shared()
-                _cta_barrier()
-            s = _seesaw_scores(q_l, q_r, q_e, k_l.index(0), k_r.index(0), k_e.index(0), s_zero)
+            s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, phase, ts0, end, ok0, True, s_zero, 8,
+                               zero_layout)  # fmt: skip
+            _cta_barrier()
+            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 0, 8, 9, row0n, has_t0n)
             valid = ((ts0 + offs_n) < end) & ok0
             s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
             m0 = gl.maximum(m_i, gl.max(s, 1))
@@ -627,11 +677,14 @@ def _seesaw_partition(
             m1 = s_m1.load(rows)
             sc1 = gl.exp2(m0 - _safe(m1))
             acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            _load_half(k_desc, k_l.index(0), full.index(0), row0n, 0, has_t0n)
+            _cta_barrier()
+            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 0, 0, 4, row0n, has_t0n)
             p = p.to(gl.float32) * sc1[:, None]
             l_i = l_i * sc1
             m_i = m1
-            k_e.index(0).store(p.to(gl.bfloat16))
+            # The previous pair's P0 V0_R must be done with the buffer.
+            mbarrier.wait(bar_p0_free, (j + 1) & 1, pred=j > 0)
+            p0_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
             _cta_barrier()
             mbarrier.arrive(bar_p0)
@@ -642,23 +695,15 @@ def _seesaw_partition(
                 acc = warpgroup_mma(k_e.index(1), k_l.index(1), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))
             _cta_barrier()
-            _load_half(k_desc, k_l.index(1), full.index(3), row1n, 0, has_t1n)
-            _load_rope(kr_desc, k_e.index(1), full.index(5), row1n, has_t1n)
+            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 1, 0, 4, row1n, has_t1n)
+            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 1, 8, 9, row1n, has_t1n)
         else:
-            # ---- scores of the odd tile (none past the end: every score -inf)
+            # ---- scores of the odd tile (right half first; none past the end: every score -inf)
             ts1 = start + t1 * BLOCK_N
-            mbarrier.wait(full.index(3), phase, pred=has_t1)
-            mbarrier.wait(full.index(4), phase, pred=has_t1)
-            mbarrier.wait(full.index(5), phase, pred=has_t1)
-            if has_t1 & ((ts1 + BLOCK_N > end) | (~ok1)):
-                _zero_invalid_rows(k_l.index(1), ts1, end, ok1, zero_layout)
-                _zero_invalid_rows(k_r.index(1), ts1, end, ok1, zero_layout)
-                _zero_invalid_rows(k_e.index(1), ts1, end, ok1, zero_layout)
-                fence_async_shared()
-                _cta_barrier()
             s = s_zero
             if has_t1:
-                s = _seesaw_scores(q_l, q_r, q_e, k_l.index(1), k_r.index(1), k_e.index(1), s_zero)
+                s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 1, phase, ts1, end, ok1, True, s_zero, 4,
+                                   zero_layout)  # fmt: skip
             valid = ((ts1 + offs_n) < end) & ok1 & has_t1
             s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
             mbarrier.wait(bar_m0, phase)
@@ -674,6 +719,7 @@ def _seesaw_partition(
             p = gl.exp2(s - ms1[:, None])
             l_i = l_i * (sc0 * sc1) + gl.sum(p, 1)
             m_i = m1
+            # P1 goes to K1's rope chunk, which S1 no longer needs.
             k_e.index(1).store(p.to(gl.bfloat16))
             fence_async_shared()
             _cta_barrier()
@@ -684,14 +730,14 @@ def _seesaw_partition(
                 acc = warpgroup_mma(p_op, k_r.index(1), acc, is_async=True)
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
             _cta_barrier()
-            _load_half(k_desc, k_r.index(1), full.index(4), row1n, HALF, has_t1n)
+            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 1, 4, 8, row1n, has_t1n)
             # ---- P0 V0_R
             mbarrier.wait(bar_p0, phase)
-            acc = warpgroup_mma(k_e.index(0), k_r.index(0), acc, is_async=True)
+            acc = warpgroup_mma(p0_smem, k_r.index(0), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _cta_barrier()
-            _load_half(k_desc, k_r.index(0), full.index(1), row0n, HALF, has_t0n)
-            _load_rope(kr_desc, k_e.index(0), full.index(2), row0n, has_t0n)
+            mbarrier.arrive(bar_p0_free)
+            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 0, 4, 8, row0n, has_t0n)
 
     # Row sums: each warpgroup summed its own tiles' P (on the same running max).
     s_l.slice(WG * BLOCK_H, BLOCK_H).store(l_i)
@@ -715,18 +761,6 @@ def _seesaw_partition(
 
 
 @gluon.jit
-def _load_half(k_desc, dst, bar, row, col: gl.constexpr, pred):
-    mbarrier.expect(bar, k_desc.block_type.nbytes, pred=pred)
-    _tma_load(k_desc, [row, col], bar, dst, pred=pred)
-
-
-@gluon.jit
-def _load_rope(kr_desc, dst, bar, row, pred):
-    mbarrier.expect(bar, kr_desc.block_type.nbytes, pred=pred)
-    _tma_load(kr_desc, [row, ROPE_COL], bar, dst, pred=pred)
-
-
-@gluon.jit
 def _seesaw_worker(args):
     _seesaw_call(args, 1)
 
@@ -738,10 +772,10 @@ def _seesaw_default(args):
 
 @gluon.jit
 def _seesaw_call(args, WG: gl.constexpr):
-    (k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start, end,
+    (kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start, end,
      num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts) = args  # fmt: skip
     _seesaw_partition(
-        k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start,
+        kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start,
         end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx,
         consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6], consts[7], consts[8], WG,
     )  # fmt: skip
@@ -771,10 +805,10 @@ def _mla_stage1_hopper_seesaw(
     CAPACITY: gl.constexpr,
     NUM_KV_SPLITS: gl.constexpr,
 ):
-    """The seesaw schedule (passes the oracle on the H200; in its first run no faster than
-    _mla_stage1_hopper, see docs/performance.md): launch with num_warps=4
-    (warpgroup 0; warpgroup 1 is a worker partition).  Same outputs as _mla_stage1_hopper;
-    the latent comes through [64, 256] descriptor blocks (two halves)."""
+    """The seesaw schedule (see the module docstring): launch with num_warps=4
+    (warpgroup 0; warpgroup 1 is a worker partition).  Same outputs as _mla_stage1_hopper.
+    The descriptors are _mla_stage1_hopper's with [64, 256] latent blocks; Q comes
+    through them, K only through ``kr_desc`` ([64, 64] blocks, one per chunk)."""
     BLOCK_H: gl.constexpr = 64
     BLOCK_N: gl.constexpr = 64
     gl.static_assert(q_desc.block_type.shape[1] == 256, "latent halves")
@@ -802,17 +836,18 @@ def _mla_stage1_hopper_seesaw(
     s_m0 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
     s_m1 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
     s_l = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], vec_layout)
+    p0_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], rope_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    # full[0..2]: stage 0's latent-left, latent-right, rope; full[3..5]: stage 1's.
-    full = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-    # exchanges: m0, m1, P0, P1 once a pair; the final row sums (both warpgroups).
-    xbars = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
+    # full[9 s + c]: chunk c (64 columns; 8 is the rope part) of stage s's K tile.
+    full = gl.allocate_shared_memory(gl.int64, [18, 1], mbarrier.MBarrierLayout())
+    # exchanges: m0, m1, P0, P1 once a pair; the final row sums (both warpgroups); P0's
+    # buffer free again.
+    xbars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(6):
+    for i in gl.static_range(18):
         mbarrier.init(full.index(i), count=1)
-    for i in gl.static_range(4):
-        mbarrier.init(xbars.index(i), count=1)
-    mbarrier.init(xbars.index(4), count=2)
+    for i in gl.static_range(6):
+        mbarrier.init(xbars.index(i), count=2 if i == 4 else 1)
     fence_async_shared()
 
     q_row = (batch_idx * NUM_HEADS).to(gl.int32) + head_block * BLOCK_H
@@ -822,18 +857,12 @@ def _mla_stage1_hopper_seesaw(
     _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_e)
     row0, _ = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     row1, _ = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-    has0 = 0 < num_tiles
-    has1 = 1 < num_tiles
-    _load_half(k_desc, k_l.index(0), full.index(0), row0, 0, has0)
-    _load_half(k_desc, k_r.index(0), full.index(1), row0, 256, has0)
-    _load_rope(kr_desc, k_e.index(0), full.index(2), row0, has0)
-    _load_half(k_desc, k_l.index(1), full.index(3), row1, 0, has1)
-    _load_half(k_desc, k_r.index(1), full.index(4), row1, 256, has1)
-    _load_rope(kr_desc, k_e.index(1), full.index(5), row1, has1)
+    _seesaw_load(kr_desc, k_l, k_r, k_e, full, 0, 0, 9, row0, 0 < num_tiles)
+    _seesaw_load(kr_desc, k_l, k_r, k_e, full, 1, 0, 9, row1, 1 < num_tiles)
     mbarrier.wait(q_bar, 0)
 
     consts: gl.constexpr = (STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS, SM_SCALE,
                             NUM_HEADS, PAGE_SIZE)  # fmt: skip
-    args = (k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start,
+    args = (kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start,
             end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts)  # fmt: skip
     gl.warp_specialize([(_seesaw_default, (args,)), (_seesaw_worker, (args,))], [4], [248])
