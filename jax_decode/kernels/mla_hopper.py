@@ -692,6 +692,10 @@ def _seesaw_partition(
             acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
             mbarrier.wait(bar_p1, phase)
             if has_t1:
+                # WG 1 waited for K1's copy; these waits (already complete) make its
+                # left half visible here without relying on that chain alone.
+                for c in gl.static_range(4):
+                    mbarrier.wait(full.index(9 + c), phase)
                 acc = warpgroup_mma(k_e.index(1), k_l.index(1), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))
             _cta_barrier()
@@ -733,6 +737,8 @@ def _seesaw_partition(
             _seesaw_load(kr_desc, k_l, k_r, k_e, full, 1, 4, 8, row1n, has_t1n)
             # ---- P0 V0_R
             mbarrier.wait(bar_p0, phase)
+            for c in gl.static_range(4, 8):  # K0's right half (see WG 0's P1 V1_L)
+                mbarrier.wait(full.index(c), phase)
             acc = warpgroup_mma(p0_smem, k_r.index(0), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _cta_barrier()
