@@ -177,3 +177,17 @@ def test_vllm_drop_in_with_fp8_buffers_and_scales():
     )
     expected, _ = decode_attention_reference(*problem.arrays, **problem.extras, sm_scale=0.125)
     np.testing.assert_allclose(to_float64(o), expected, atol=3e-2, rtol=3e-2)
+
+
+# Soft-caps from one where most scores saturate to ones so large that score / cap is
+# tiny: tanh must keep its relative accuracy there (``2 sigmoid(2x) - 1`` lost every
+# digit of the scores by cap 1e7, giving the mean of V).
+@pytest.mark.parametrize("logit_cap", [0.5, 50.0, 1e3, 1e5, 1e8])
+def test_soft_cap_of_any_size_matches_oracle(logit_cap: float):
+    case = dataclasses.replace(GQA4, logit_cap=logit_cap)
+    problem = case.problem()
+    out, lse = _run_torch(problem, case)
+    assert_matches_oracle(problem, to_float64(out), to_float64(lse), **case.oracle_options())
+    jax_out, jax_lse = run_jax(problem, backend=KERNEL_BACKEND, **case.options())
+    np.testing.assert_array_equal(to_float64(out), jax_out)
+    np.testing.assert_array_equal(to_float64(lse), jax_lse)
