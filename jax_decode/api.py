@@ -145,7 +145,12 @@ def _decode(given: DecodeOperands, options: DecodeOptions, backend: str, check_i
 
         rows = full._replace(**{name: folded(name) for name in ROW_OPERANDS})
         out, lse = _decode(rows, options, backend)
-        return (out.reshape(axis_size, -1, *out.shape[1:]), lse.reshape(axis_size, -1, *lse.shape[1:])), (True, True)
+        # Rows per mapped element, explicitly: an axis of size 0 leaves nothing to infer -1 from.
+        batch = full.q.shape[1] if batched.q else full.q.shape[0]
+        return (out.reshape(axis_size, batch, *out.shape[1:]), lse.reshape(axis_size, batch, *lse.shape[1:])), (
+            True,
+            True,
+        )
 
     # triton_call has no batching rule: under jax.vmap, fold the mapped axis into the
     # batch (one launch for all of it) instead.

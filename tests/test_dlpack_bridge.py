@@ -53,6 +53,24 @@ def test_non_contiguous_needs_copy():
     np.testing.assert_array_equal(np.asarray(copied), tensor.cpu().numpy())
 
 
+def test_a_view_jax_would_copy_is_refused_not_copied_silently():
+    """JAX copies a buffer it cannot take as it is (on the CPU: not 64-byte aligned);
+    to_jax promises shared memory, so it refuses, and copy=True or jax_function copy."""
+    base = torch.zeros(64, device=DEVICE)
+    view = base[1:9]  # contiguous, 4 bytes past the storage's start
+    try:
+        array = jax.dlpack.from_dlpack(view)
+    except Exception:  # noqa: BLE001
+        pytest.skip("this platform's JAX refuses the view itself")
+    if _pointer(array) == view.data_ptr():
+        pytest.skip("this platform's JAX shares a 4-byte-offset buffer")
+    with pytest.raises(ValueError, match=r"not aligned as JAX requires, so JAX copied it"):
+        torch_bridge.to_jax(view)
+    view.fill_(7.0)
+    np.testing.assert_array_equal(np.asarray(torch_bridge.to_jax(view, copy=True)), np.full(8, 7.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(torch_bridge.jax_function(lambda x: x * 2)(view).cpu()), np.full(8, 14.0))
+
+
 @pytest.mark.parametrize("kind", ["neg", "conj_imag", "conj"])
 def test_lazily_negated_or_conjugated_views_are_refused_or_resolved(kind):
     """Their memory holds other values than the tensor: shared as stored they would

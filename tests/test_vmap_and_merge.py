@@ -69,6 +69,17 @@ def test_vmap_of_an_unmapped_argument_and_nested_vmap():
     np.testing.assert_allclose(np.asarray(nested[0]), np.asarray(jax.vmap(call)(qs, tables, lens)), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("backend", ["xla", KERNEL_BACKEND])
+def test_vmap_over_an_empty_axis(backend):
+    """A mapped axis of size 0 gives empty outputs, as a batch of 0 rows does."""
+    problem = GQA4.problem()
+    q, k, v, pt, sl = device_arrays(problem)
+    call = jax.vmap(lambda q, pt, sl: jax_decode.decode_attention(q, k, v, pt, sl, return_lse=True, backend=backend))
+    out, lse = call(jnp.zeros((0, *q.shape), q.dtype), jnp.zeros((0, *pt.shape), pt.dtype),
+                    jnp.zeros((0, *sl.shape), sl.dtype))  # fmt: skip
+    assert out.shape == (0, *q.shape[:-1], problem.head_dim_v) and lse.shape == (0, *q.shape[:-1])
+
+
 def test_vmap_over_the_cache_is_refused():
     problem = GQA4.problem()
     q, k, v, pt, sl = device_arrays(problem)

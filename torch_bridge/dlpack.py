@@ -20,8 +20,15 @@ def to_jax(tensor: torch.Tensor, *, copy: bool = False) -> jax.Array:
     64-bit tensor (e.g. torch's default int64) needs JAX's x64 mode: without it JAX
     would narrow every value to 32 bits, so that raises ``TypeError`` instead.  A
     lazily negated or conjugated view (``is_neg()``/``is_conj()``) is refused unless
-    ``copy=True``, which resolves it.
+    ``copy=True``, which resolves it.  So is a tensor whose address JAX will not take
+    as it is (JAX copies buffers that are not aligned as it requires: on the CPU, a
+    view starting off a 64-byte boundary, such as a row slice).
     """
+    return _to_jax(tensor, copy, must_share=not copy)
+
+
+def _to_jax(tensor: torch.Tensor, copy: bool, must_share: bool) -> jax.Array:
+    """to_jax; ``must_share=False`` lets JAX copy a tensor it cannot take as it is."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype in _WIDE and not jax.config.jax_enable_x64:
@@ -52,6 +59,12 @@ def to_jax(tensor: torch.Tensor, *, copy: bool = False) -> jax.Array:
     array = jax.dlpack.from_dlpack(tensor)
     if copy:
         array = jnp.array(array, copy=True)
+    elif must_share and tensor.numel() and array.unsafe_buffer_pointer() != tensor.data_ptr():
+        raise ValueError(
+            f"tensor's memory at address {tensor.data_ptr():#x} ({tensor.data_ptr() % 64} bytes past a 64-byte "
+            "boundary) is not aligned as JAX requires, so JAX copied it instead of sharing it (writes to the tensor "
+            "would not reach the array); pass copy=True to accept the copy, or a tensor with its own storage (.clone())"
+        )
     return array
 
 
@@ -67,7 +80,8 @@ def jax_function(fn=None, *, static_argnames: tuple[str, ...] = ()):
     """Wrap a JAX function so torch code calls it with tensors and gets tensors back.
 
     Tensors in the arguments (any pytree) go in through :func:`to_jax`, array outputs
-    come back through :func:`to_torch`: zero-copy both ways.  ``fn`` is jitted once
+    come back through :func:`to_torch`: zero-copy both ways, except that an argument
+    JAX cannot take as it is (see :func:`to_jax`) is copied rather than refused.  ``fn`` is jitted once
     (``jax.jit`` then compiles once per signature); ``static_argnames`` as for jax.jit.
     """
     if fn is None:
@@ -75,7 +89,9 @@ def jax_function(fn=None, *, static_argnames: tuple[str, ...] = ()):
     jitted = jax.jit(fn, static_argnames=static_argnames)
 
     def to_jax_leaf(x):
-        return to_jax(x) if isinstance(x, torch.Tensor) else x
+        # An argument is read, never written through: where JAX cannot take a tensor's
+        # memory as it is, its copy serves as well.
+        return _to_jax(x, copy=False, must_share=False) if isinstance(x, torch.Tensor) else x
 
     def to_torch_leaf(x):
         return to_torch(x) if isinstance(x, jax.Array) else x
