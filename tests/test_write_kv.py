@@ -69,6 +69,30 @@ def test_write_kv_torch_in_place_matches_jax(mla):
         np.testing.assert_array_equal(to_float64(tv), _expected(v, v_new, slots).astype(np.float64))
 
 
+@pytest.mark.parametrize("mla", [False, True], ids=["kv", "mla"])
+def test_write_kv_under_torch_compile_fullgraph(mla):
+    """write_kv is a custom op under torch.compile: no graph break, the caches written in
+    place as eagerly, and a decode step of write then attend compiles whole."""
+    k, v, k_new, v_new, slots = _problem("float32", mla)
+    tensors = [to_tensor(x, DEVICE) for x in (k, v, k_new, v_new, slots)]
+    page_table = torch.arange(6, dtype=torch.int32, device=DEVICE).reshape(2, 3)
+    seq_lens = torch.tensor([10, 7], dtype=torch.int32, device=DEVICE)
+    q = torch.ones(2, 4, k.shape[-1], device=DEVICE)
+
+    def step(k_cache, v_cache, k_new, v_new, slots):
+        torch_bridge.write_kv(k_cache, v_cache, k_new, v_new, slots, k_scale=1.0)
+        return torch_bridge.decode_attention(q, k_cache, v_cache, page_table, seq_lens,
+                                             head_dim_v=16 if mla else None)  # fmt: skip
+
+    compiled_caches = [t.clone() if t is not None else None for t in tensors[:2]]
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(*compiled_caches, *tensors[2:])
+    eager = step(*tensors)
+    np.testing.assert_array_equal(to_float64(compiled_caches[0]), _expected(k, k_new, slots).astype(np.float64))
+    if not mla:
+        np.testing.assert_array_equal(to_float64(compiled_caches[1]), _expected(v, v_new, slots).astype(np.float64))
+    np.testing.assert_array_equal(to_float64(compiled), to_float64(eager))
+
+
 def test_donated_caches_are_updated_in_place():
     """The compiled step aliases each donated cache to its output (no cache copy)."""
     k, v, k_new, v_new, slots = _problem()

@@ -596,10 +596,46 @@ def write_kv(
 ) -> None:
     """``jax_decode.write_kv`` for torch tensors: writes the caches in place, same kernel.
 
-    No host sync and no data-dependent allocation, so it can be captured in a CUDA graph.
+    No host sync and no data-dependent allocation, so it can be captured in a CUDA graph;
+    under ``torch.compile`` it is the custom op ``jax_decode::write_kv_``.
     """
+    if not torch.compiler.is_compiling():
+        _run_write(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale)
+        return
+    # Tracing: what the op's schema needs; the op runs _run_write when the graph runs.
+    arrays = dict(k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, slot_mapping=slot_mapping)
+    check_arrays(arrays, optional=("v_cache", "v_new"), array_type=torch.Tensor, array_kind=TENSOR)
+    (k_tensor, k_number), (v_tensor, v_number) = _traced_scale("k_scale", k_scale), _traced_scale("v_scale", v_scale)
+    _traced_tensors(dict(arrays, k_scale=k_tensor, v_scale=v_tensor))
+    torch.ops.jax_decode.write_kv_(k_cache, v_cache, k_new, v_new, slot_mapping, k_tensor, v_tensor, k_number, v_number)
+
+
+def _run_write(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale) -> None:
+    """write_kv, eager or in its op: check, then launch per cache."""
     k, v = prepare_write(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale, TORCH)
     for (ops, problem), name in ((k, "k_cache"), (v, "v_cache")) if v is not None else ((k, "k_cache"),):
         _check_writable(name, ops.cache)
         check_cache_dtype_on_device(problem.cache_dtype, device_info(ops.cache.device))
         launch_write(problem, ops)
+
+
+@torch.library.custom_op("jax_decode::write_kv_", mutates_args=("k_cache", "v_cache"))
+def _write_kv_op(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor | None,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor | None,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    k_scale_number: float | None,
+    v_scale_number: float | None,
+) -> None:
+    """write_kv under torch.compile: :func:`_run_write` at run time, on concrete values."""
+    _run_write(k_cache, v_cache, k_new, v_new, slot_mapping, _scale(k_scale, k_scale_number),
+               _scale(v_scale, v_scale_number))  # fmt: skip
+
+
+@_write_kv_op.register_fake
+def _(*args):
+    return None
