@@ -187,12 +187,14 @@ def check_window_left(window_left: object) -> int:
     return int(window_left)
 
 
-def check_num_kv_splits(num_kv_splits: object) -> int | None:
-    if num_kv_splits is None:
+def check_num_kv_splits(num_kv_splits: object, *, optional: bool = True) -> int | None:
+    """``optional=False``: a signature where None is no choice (vLLM's, sized scratch)."""
+    if num_kv_splits is None and optional:
         return None
     check_int_type("num_kv_splits", num_kv_splits)
     if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
-        raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}] or None, got {num_kv_splits}")
+        or_none = " or None" if optional else ""
+        raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}]{or_none}, got {num_kv_splits}")
     return int(num_kv_splits)
 
 

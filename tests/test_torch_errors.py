@@ -129,3 +129,15 @@ def test_write_kv_into_an_empty_cache_is_accepted():
 def test_fwd_page_size_must_be_an_int():
     with pytest.raises(TypeError, match=r"page_size must be an int, got bool"):
         torch_bridge.decode_attention_fwd(*_fwd_args(), page_size=True)
+
+
+def test_vllm_drop_in_splits_message_offers_no_none():
+    """vLLM's signature sizes attn_logits by num_kv_splits: None is no choice there, and
+    the message for a bad count must not offer it."""
+    import re
+
+    q, k, v = torch.zeros(1, 2, 8), torch.zeros(4, 1, 8), torch.zeros(4, 1, 8)
+    o, logits = torch.zeros(1, 2, 8), torch.zeros(1, 2, 1, 9)
+    pt, sl = torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=re.escape("num_kv_splits must be in [1, 256], got 0")):
+        torch_bridge.decode_attention_fwd(q, k, v, o, pt, sl, logits, 0, 0.3)

@@ -328,7 +328,7 @@ def _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits,
     """vLLM's arguments checked and planned; its buffers as decode_attention's operands."""
     if num_kv_splits is None:  # vLLM's signature: the split count attn_logits was sized for
         raise TypeError("num_kv_splits must be an int (the split count attn_logits holds), got None")
-    check_num_kv_splits(num_kv_splits)
+    check_num_kv_splits(num_kv_splits, optional=False)
     if isinstance(page_size, bool) or not isinstance(page_size, numbers.Integral):
         raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
     check_arrays(dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token, b_seq_len=b_seq_len,
