@@ -147,10 +147,9 @@ def _decode(given: DecodeOperands, options: DecodeOptions, backend: str, check_i
         out, lse = _decode(rows, options, backend)
         # Rows per mapped element, explicitly: an axis of size 0 leaves nothing to infer -1 from.
         batch = full.q.shape[1] if batched.q else full.q.shape[0]
-        return (out.reshape(axis_size, batch, *out.shape[1:]), lse.reshape(axis_size, batch, *lse.shape[1:])), (
-            True,
-            True,
-        )
+        out = out.reshape(axis_size, batch, *out.shape[1:])
+        lse = lse.reshape(axis_size, batch, *lse.shape[1:])
+        return (out, lse), (True, True)
 
     # triton_call has no batching rule: under jax.vmap, fold the mapped axis into the
     # batch (one launch for all of it) instead.

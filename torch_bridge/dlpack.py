@@ -24,11 +24,12 @@ def to_jax(tensor: torch.Tensor, *, copy: bool = False) -> jax.Array:
     as it is (JAX copies buffers that are not aligned as it requires: on the CPU, a
     view starting off a 64-byte boundary, such as a row slice).
     """
-    return _to_jax(tensor, copy, must_share=not copy)
+    return _to_jax(tensor, copy, must_share=True)
 
 
 def _to_jax(tensor: torch.Tensor, copy: bool, must_share: bool) -> jax.Array:
-    """to_jax; ``must_share=False`` lets JAX copy a tensor it cannot take as it is."""
+    """to_jax; ``must_share=False`` lets JAX copy a tensor it cannot take as it is
+    (``copy=True`` copies anyway)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype in _WIDE and not jax.config.jax_enable_x64:
@@ -81,8 +82,9 @@ def jax_function(fn=None, *, static_argnames: tuple[str, ...] = ()):
 
     Tensors in the arguments (any pytree) go in through :func:`to_jax`, array outputs
     come back through :func:`to_torch`: zero-copy both ways, except that an argument
-    JAX cannot take as it is (see :func:`to_jax`) is copied rather than refused.  ``fn`` is jitted once
-    (``jax.jit`` then compiles once per signature); ``static_argnames`` as for jax.jit.
+    JAX cannot take as it is (see :func:`to_jax`) is copied rather than refused.  ``fn``
+    is jitted once (``jax.jit`` then compiles once per signature); ``static_argnames``
+    as for jax.jit.
     """
     if fn is None:
         return functools.partial(jax_function, static_argnames=static_argnames)

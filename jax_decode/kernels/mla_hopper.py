@@ -419,9 +419,7 @@ def _mla_stage1_hopper(
     start = split_idx * per_split
     end = gl.minimum(start + per_split, seq_len)
 
-    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(
-        q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES
-    )
+    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES)
     q_row = (batch_idx * (Q_LEN * NUM_HEADS)).to(gl.int32) + head_block * 64
     o, lse = _attend_chunk(
         q_desc, qr_desc, k_desc, kr_desc, q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars,
@@ -463,9 +461,7 @@ def _mla_stage1_hopper_scheduled(
     _check_shapes(q_desc, qr_desc, k_desc, PAGE_SIZE, NUM_STAGES)
     first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
     end_row = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1))
-    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(
-        q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES
-    )
+    q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES)
     # Only the row is carried across chunks (the chunk's own loop needs every register
     # it can get); the program ids and the schedule are read again per chunk.  Still,
     # ptxas (triton 3.6) gives this kernel 255 registers and 32 bytes of spills against
@@ -869,6 +865,6 @@ def _mla_stage1_hopper_seesaw(
 
     consts: gl.constexpr = (STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS, SM_SCALE,
                             NUM_HEADS, PAGE_SIZE)  # fmt: skip
-    args = (kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start,
-            end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts)  # fmt: skip
+    args = (kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages,
+            start, end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts)  # fmt: skip
     gl.warp_specialize([(_seesaw_default, (args,)), (_seesaw_worker, (args,))], [4], [248])
