@@ -48,14 +48,12 @@ Copying each tile in 64/128/256-column chunks on their own barriers, with the sc
 issued chunk by chunk, was measured 5-15% slower (docs/experiments.md).
 
 ``_mla_stage1_hopper_seesaw`` (below) is that seesaw: the two warpgroups take alternate
-tiles and split the output columns, and each K tile arrives in nine 64-column chunks,
-each on its own barrier and refilled for the tile two ahead as soon as the last product
-that reads it has retired (FlashMLA's fine-grained copy-GEMM pipelining).  230,852
-bytes of shared memory; 255 registers with a 104-byte stack (triton 3.6).  Only
-``benchmarks/mla_hopper.py --variants 9:1:0`` launches it; this version compiles for
-sm_90 but has not run on a GPU yet (the GPU suite's oracle test covers it).  Its first version, with
-the K tile in three parts refilled only after both warpgroups were done with a pair,
-was 10% slower than the kernel above on the H100 (docs/experiments.md).
+tiles and split the output columns; each K tile arrives in three parts (rope, left and
+right half of the latent), each refilled for the tile two ahead as soon as the last
+product that reads it has retired.  230,940 bytes of shared memory, 255 registers, no
+spills (triton 3.6).  Only ``benchmarks/mla_hopper.py --variants 9:1:0`` launches it.
+On an H200, b64 ctx4k 150.6 us against 171.6 for the kernel above and 132.0 for
+FlashMLA in the same run; b128 ctx1k 98.9 against 110.1 and 72.0.
 
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per
@@ -501,62 +499,86 @@ def _safe(m):
 
 
 @gluon.jit
-def _seesaw_k_chunk(k_l, k_r, k_e, stage, c: gl.constexpr):
-    """Columns 64c..64c+63 of a K stage: chunks 0-3 are the latent's left half, 4-7 its
-    right half, 8 the rope part."""
-    if c < 4:
-        return k_l.index(stage).slice(c * 64, 64, dim=1)
-    elif c < 8:
-        return k_r.index(stage).slice((c - 4) * 64, 64, dim=1)
-    else:
+def _barrier(count: gl.constexpr):
+    """One mbarrier in an allocation of its own.  Triton's shared-memory barrier analysis
+    (membar) tracks whole allocations: barriers that are views of one array count as one
+    buffer, and every wait or expect on one of them after an operation on another gets a
+    CTA barrier in front of it (an 18-barrier array put two dozen into each pair of tiles)."""
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=count)
+    return bar
+
+
+@gluon.jit
+def _seesaw_k_part(k_l, k_r, k_e, stage, part: gl.constexpr):
+    """Part ``part`` of a K stage: 0 the rope columns, 1 the latent's left half, 2 its
+    right half.  Each part arrives by its own copy on its own barrier."""
+    if part == 0:
         return k_e.index(stage)
-
-
-@gluon.jit
-def _seesaw_q_chunk(q_l, q_r, q_e, c: gl.constexpr):
-    if c < 4:
-        return q_l.slice(c * 64, 64, dim=1)
-    elif c < 8:
-        return q_r.slice((c - 4) * 64, 64, dim=1)
+    elif part == 1:
+        return k_l.index(stage)
     else:
-        return q_e
+        return k_r.index(stage)
 
 
 @gluon.jit
-def _seesaw_load(kr_desc, k_l, k_r, k_e, full, stage: gl.constexpr, C0: gl.constexpr, C1: gl.constexpr, row, pred):
-    """Start the copies of chunks [C0, C1) of one K tile into ``stage``, each completing
-    its own barrier ``full[9 stage + c]`` (every chunk is one [64, 64] TMA block)."""
-    for c in gl.static_range(C0, C1):
-        bar = full.index(stage * 9 + c)
-        mbarrier.expect(bar, kr_desc.block_type.nbytes, pred=pred)
-        _tma_load(kr_desc, [row, c * 64], bar, _seesaw_k_chunk(k_l, k_r, k_e, stage, c), pred=pred)
+def _seesaw_q_part(q_l, q_r, q_e, part: gl.constexpr):
+    if part == 0:
+        return q_e
+    elif part == 1:
+        return q_l
+    else:
+        return q_r
+
+
+@gluon.jit
+def _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, stage: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, row,
+                 pred):  # fmt: skip
+    """Start the copies of parts [P0, P1) of one K tile into ``stage``, each completing
+    its own barrier ``full[stage][part]``.  All expects come before all copies: the
+    analysis puts a CTA barrier between an expect and a copy on the same barrier, so
+    this order needs one, not one per part.  (Copies into slices of one allocation get
+    one each as well, which is why a half is one copy, not four of 64 columns.)"""
+    for part in gl.static_range(P0, P1):
+        if part == 0:
+            mbarrier.expect(full[stage][0], kr_desc.block_type.nbytes, pred=pred)
+        else:
+            mbarrier.expect(full[stage][part], k_desc.block_type.nbytes, pred=pred)
+    for part in gl.static_range(P0, P1):
+        if part == 0:
+            _tma_load(kr_desc, [row, ROPE_COL], full[stage][0], k_e.index(stage), pred=pred)
+        else:
+            _tma_load(k_desc, [row, (part - 1) * 256], full[stage][part], _seesaw_k_part(k_l, k_r, k_e, stage, part),
+                      pred=pred)  # fmt: skip
 
 
 @gluon.jit
 def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, stage: gl.constexpr, phase, tile_start, end, page_ok, pred,
-                   s_zero, FIRST: gl.constexpr, zero_layout: gl.constexpr):  # fmt: skip
-    """S = Q K^T of one tile as nine products of 64 columns, each issued as soon as its
-    chunk has landed, starting with chunk FIRST (the chunks in the order they were freed
-    for this tile's copy).  A tile that runs past ``end`` or has a bad page waits for
-    all its chunks and has its invalid rows zeroed first."""
+                   s_zero, FIRST: gl.constexpr, zero_layout: gl.constexpr, zs):  # fmt: skip
+    """S = Q K^T of one tile as three products (rope, left half, right half), each
+    issued as soon as its part has landed, starting with part FIRST (the parts in the
+    order they were freed for this tile's copy).  A tile that runs past ``end`` or has
+    a bad page waits for all its parts and has its invalid rows zeroed first."""
     if pred & ((tile_start + 64 > end) | (~page_ok)):
-        for c in gl.static_range(9):
-            mbarrier.wait(full.index(stage * 9 + c), phase)
+        for part in gl.static_range(3):
+            mbarrier.wait(full[stage][part], phase)
         _zero_invalid_rows(k_l.index(stage), tile_start, end, page_ok, zero_layout)
         _zero_invalid_rows(k_r.index(stage), tile_start, end, page_ok, zero_layout)
         _zero_invalid_rows(k_e.index(stage), tile_start, end, page_ok, zero_layout)
         fence_async_shared()
         _cta_barrier()
     s = s_zero
-    for i in gl.static_range(9):
-        mbarrier.wait(full.index(stage * 9 + (FIRST + i) % 9), phase, pred=pred)
-        k_t = _seesaw_k_chunk(k_l, k_r, k_e, stage, (FIRST + i) % 9).permute((1, 0))
-        s = warpgroup_mma(_seesaw_q_chunk(q_l, q_r, q_e, (FIRST + i) % 9), k_t, s, use_acc=i > 0, is_async=True)
+    for i in gl.static_range(3):
+        mbarrier.wait(full[stage][(FIRST + i) % 3], phase, pred=pred)
+        k_t = _seesaw_k_part(k_l, k_r, k_e, stage + zs, (FIRST + i) % 3).permute((1, 0))
+        q_part = _seesaw_q_part(q_l, q_r, q_e, (FIRST + i) % 3).index(zs)
+        s = warpgroup_mma(q_part, k_t, s, use_acc=i > 0, is_async=True)
     return warpgroup_mma_wait(0, deps=(s,))
 
 
 @gluon.jit
 def _seesaw_partition(
+    k_desc,
     kr_desc,
     q_l,
     q_r,
@@ -601,13 +623,21 @@ def _seesaw_partition(
         [0] P0 *= sc1 -> smem       [1] O_R += P0 V0_R
         [0] O_L = O_L * sc1 + P1 V1_L
 
-    K tiles arrive in nine 64-column chunks, each on its own barrier, and each chunk is
-    refilled for the tile two ahead as soon as the last product that reads it has
-    retired: K0's rope part after S0, its left half after P0 V0_L, its right half after
-    P0 V0_R; K1's right half after P1 V1_R, its left half and rope part (which holds P1
-    meanwhile) after P1 V1_L.  The next pair's scores take the chunks in that order, so
-    they start on the chunks that were freed first.  P0 has its own buffer, which WG 1
-    releases (``p0_free``) once P0 V0_R has retired.
+    K tiles arrive in three parts (rope, left half, right half), each by one copy on its
+    own barrier, and each part is refilled for the tile two ahead as soon as the last
+    product that reads it has retired: K0's rope part after S0, its left half after
+    P0 V0_L, its right half after P0 V0_R; K1's right half after P1 V1_R, its left half
+    and rope part (which holds P1 meanwhile) after P1 V1_L.  The scores take the parts
+    in that order.  WG 0 issues the next pair's S0 on the rope part and left half right
+    behind P1 V1_L, so the tensor cores have work while K0's right half is in flight.
+    P0 has its own buffer, which WG 1 releases (``p0_free``) once P0 V0_R has retired.
+
+    Two compiler facts shape the code.  Triton's shared-memory analysis puts a CTA
+    barrier between operations on one allocation, so every barrier is an allocation of
+    its own, all expects come before all copies, and a half is one copy.  And shared
+    memory descriptors of loop-invariant buffers are hoisted out of the loop and spilled
+    (up to 180 bytes a thread), so the loop indexes Q and K with ``zs``, a zero the
+    compiler cannot fold.
     """
     BLOCK_H: gl.constexpr = 64
     BLOCK_N: gl.constexpr = 64
@@ -620,12 +650,7 @@ def _seesaw_partition(
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     qk_scale = SM_SCALE * LOG2E
 
-    bar_m0 = xbars.index(0)
-    bar_m1 = xbars.index(1)
-    bar_p0 = xbars.index(2)
-    bar_p1 = xbars.index(3)
-    bar_fin = xbars.index(4)
-    bar_p0_free = xbars.index(5)
+    bar_m0, bar_m1, bar_p0, bar_p1, bar_fin, bar_p0_free = xbars
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=rows)
@@ -633,26 +658,31 @@ def _seesaw_partition(
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     num_pairs = gl.cdiv(num_tiles, 2)
+    _, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+    _, ok1 = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+    s = s_zero
+    if WG == 0:  # the first even tile's scores; each pair computes the next pair's
+        s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, 0, start, end, ok0, num_tiles > 0, s_zero, 0,
+                           zero_layout, 0)  # fmt: skip
 
     for j in range(num_pairs):
         phase = j & 1
+        zs = j >> 30  # 0, but not to the compiler: keeps smem descriptors from being hoisted
         t0 = 2 * j
         t1 = 2 * j + 1
         has_t1 = t1 < num_tiles
-        # This pair's validity, and the rows of the next pair's tiles (for the refills).
-        _, ok0 = _page_of(page_row_ptr, start, t0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-        _, ok1 = _page_of(page_row_ptr, start, t1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-        row0n, _ = _page_of(page_row_ptr, start, t0 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-        row1n, _ = _page_of(page_row_ptr, start, t1 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+        # The next pair's pages: their rows for this pair's refills, their validity for
+        # the next pair (this pair's came from the previous one, so nothing waits on a
+        # page-table load before the scores).
+        row0n, ok0n = _page_of(page_row_ptr, start, t0 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+        row1n, ok1n = _page_of(page_row_ptr, start, t1 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
         has_t0n = t0 + 2 < num_tiles
         has_t1n = t1 + 2 < num_tiles
         if WG == 0:
-            # ---- scores of the even tile (rope part first, then the left and right halves)
+            # ---- the even tile's scores are in s (from the previous pair, or before the loop)
             ts0 = start + t0 * BLOCK_N
-            s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, phase, ts0, end, ok0, True, s_zero, 8,
-                               zero_layout)  # fmt: skip
             _cta_barrier()
-            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 0, 8, 9, row0n, has_t0n)
+            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 1, row0n, has_t0n)
             valid = ((ts0 + offs_n) < end) & ok0
             s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
             m0 = gl.maximum(m_i, gl.max(s, 1))
@@ -667,14 +697,14 @@ def _seesaw_partition(
             # P0 waits in bf16 for its rescale by sc1 (half the registers of fp32).
             p = p.to(gl.bfloat16)
             p_op = gl.convert_layout(p, a_layout)
-            acc = warpgroup_mma(p_op, k_l.index(0), acc, is_async=True)
+            acc = warpgroup_mma(p_op, k_l.index(zs), acc, is_async=True)
             # ---- the odd tile's max
             mbarrier.wait(bar_m1, phase)
             m1 = s_m1.load(rows)
             sc1 = gl.exp2(m0 - _safe(m1))
             acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
             _cta_barrier()
-            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 0, 0, 4, row0n, has_t0n)
+            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 1, 2, row0n, has_t0n)
             p = p.to(gl.float32) * sc1[:, None]
             l_i = l_i * sc1
             m_i = m1
@@ -684,26 +714,45 @@ def _seesaw_partition(
             fence_async_shared()
             _cta_barrier()
             mbarrier.arrive(bar_p0)
-            # ---- P1 V1_L
+            # ---- P1 V1_L, and behind it the next even tile's scores on the parts that are
+            # already here (its rope part and left half were refilled early in this pair;
+            # its right half only comes once WG 1's P0 V0_R has retired)
             acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
             mbarrier.wait(bar_p1, phase)
-            if has_t1:
-                # WG 1 waited for K1's copy; these waits (already complete) make its
-                # left half visible here without relying on that chain alone.
-                for c in gl.static_range(4):
-                    mbarrier.wait(full.index(9 + c), phase)
-                acc = warpgroup_mma(k_e.index(1), k_l.index(1), acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-            _cta_barrier()
-            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 1, 0, 4, row1n, has_t1n)
-            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 1, 8, 9, row1n, has_t1n)
+            ts0n = ts0 + 2 * BLOCK_N
+            early = has_t0n & (ts0n + BLOCK_N <= end) & ok0n  # a whole valid tile: no zeroing
+            if early:
+                # WG 1 waited for K1's copy; this wait (already complete) makes its left
+                # half visible here without relying on that chain alone.
+                mbarrier.wait(full[1][1], phase)
+                acc = warpgroup_mma(k_e.index(1 + zs), k_l.index(1 + zs), acc, is_async=True)
+                mbarrier.wait(full[0][0], phase ^ 1)
+                s = warpgroup_mma(q_e.index(zs), k_e.index(zs).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                mbarrier.wait(full[0][1], phase ^ 1)
+                s = warpgroup_mma(q_l.index(zs), k_l.index(zs).permute((1, 0)), s, is_async=True)
+                acc = warpgroup_mma_wait(2, deps=(acc,))  # P1 V1_L has retired; the scores run on
+                _cta_barrier()
+                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 2, row1n, has_t1n)
+                mbarrier.wait(full[0][2], phase ^ 1)
+                s = warpgroup_mma(q_r.index(zs), k_r.index(zs).permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma_wait(0, deps=(s,))
+            else:  # the last pairs, or a next tile to be masked: one after the other
+                if has_t1:
+                    mbarrier.wait(full[1][1], phase)
+                    acc = warpgroup_mma(k_e.index(1 + zs), k_l.index(1 + zs), acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=(acc,))
+                _cta_barrier()
+                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 2, row1n, has_t1n)
+                if has_t0n:
+                    s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, phase ^ 1, ts0n, end, ok0n, True, s_zero,
+                                       0, zero_layout, zs)  # fmt: skip
         else:
             # ---- scores of the odd tile (right half first; none past the end: every score -inf)
             ts1 = start + t1 * BLOCK_N
             s = s_zero
             if has_t1:
-                s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 1, phase, ts1, end, ok1, True, s_zero, 4,
-                                   zero_layout)  # fmt: skip
+                s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 1, phase, ts1, end, ok1, True, s_zero, 2,
+                                   zero_layout, zs)  # fmt: skip
             valid = ((ts1 + offs_n) < end) & ok1 & has_t1
             s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
             mbarrier.wait(bar_m0, phase)
@@ -727,19 +776,20 @@ def _seesaw_partition(
             acc = acc * gl.convert_layout(sc0 * sc1, o_rows)[:, None]
             if has_t1:
                 p_op = gl.convert_layout(p.to(gl.bfloat16), a_layout)
-                acc = warpgroup_mma(p_op, k_r.index(1), acc, is_async=True)
+                acc = warpgroup_mma(p_op, k_r.index(1 + zs), acc, is_async=True)
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
             _cta_barrier()
-            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 1, 4, 8, row1n, has_t1n)
+            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 2, 3, row1n, has_t1n)
             # ---- P0 V0_R
             mbarrier.wait(bar_p0, phase)
-            for c in gl.static_range(4, 8):  # K0's right half (see WG 0's P1 V1_L)
-                mbarrier.wait(full.index(c), phase)
-            acc = warpgroup_mma(p0_smem, k_r.index(0), acc, is_async=True)
+            mbarrier.wait(full[0][2], phase)  # K0's right half (see WG 0's P1 V1_L)
+            acc = warpgroup_mma(p0_smem, k_r.index(zs), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _cta_barrier()
             mbarrier.arrive(bar_p0_free)
-            _seesaw_load(kr_desc, k_l, k_r, k_e, full, 0, 4, 8, row0n, has_t0n)
+            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 2, 3, row0n, has_t0n)
+        ok0 = ok0n
+        ok1 = ok1n
 
     # Row sums: each warpgroup summed its own tiles' P (on the same running max).
     s_l.slice(WG * BLOCK_H, BLOCK_H).store(l_i)
@@ -774,11 +824,11 @@ def _seesaw_default(args):
 
 @gluon.jit
 def _seesaw_call(args, WG: gl.constexpr):
-    (kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start, end,
-     num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts) = args  # fmt: skip
+    (k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages,
+     start, end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts) = args  # fmt: skip
     _seesaw_partition(
-        kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages, start,
-        end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx,
+        k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages,
+        start, end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx,
         consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6], consts[7], consts[8], WG,
     )  # fmt: skip
 
@@ -828,9 +878,11 @@ def _mla_stage1_hopper_seesaw(
 
     half_layout: gl.constexpr = k_desc.layout
     rope_layout: gl.constexpr = kr_desc.layout
-    q_l = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 256], half_layout)
-    q_r = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 256], half_layout)
-    q_e = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], rope_layout)
+    # Q as arrays of one, so that the loop can index them with a value the compiler
+    # cannot fold (see _seesaw_partition).
+    q_l = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 256], half_layout)
+    q_r = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 256], half_layout)
+    q_e = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 64], rope_layout)
     k_l = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
     k_r = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
     k_e = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], rope_layout)
@@ -839,32 +891,28 @@ def _mla_stage1_hopper_seesaw(
     s_m1 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
     s_l = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], vec_layout)
     p0_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], rope_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    # full[9 s + c]: chunk c (64 columns; 8 is the rope part) of stage s's K tile.
-    full = gl.allocate_shared_memory(gl.int64, [18, 1], mbarrier.MBarrierLayout())
+    q_bar = _barrier(1)
+    # full[s][p]: part p (0 rope, 1 left half, 2 right half) of stage s's K tile.
+    full = ((_barrier(1), _barrier(1), _barrier(1)), (_barrier(1), _barrier(1), _barrier(1)))
     # exchanges: m0, m1, P0, P1 once a pair; the final row sums (both warpgroups); P0's
     # buffer free again.
-    xbars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(18):
-        mbarrier.init(full.index(i), count=1)
-    for i in gl.static_range(6):
-        mbarrier.init(xbars.index(i), count=2 if i == 4 else 1)
+    xbars = (_barrier(1), _barrier(1), _barrier(1), _barrier(1), _barrier(2), _barrier(1))
     fence_async_shared()
 
     q_row = (batch_idx * NUM_HEADS).to(gl.int32) + head_block * BLOCK_H
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, 0], q_bar, q_l)
-    _tma_load(q_desc, [q_row, 256], q_bar, q_r)
-    _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_e)
+    _tma_load(q_desc, [q_row, 0], q_bar, q_l.index(0))
+    _tma_load(q_desc, [q_row, 256], q_bar, q_r.index(0))
+    _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_e.index(0))
     row0, _ = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
     row1, _ = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-    _seesaw_load(kr_desc, k_l, k_r, k_e, full, 0, 0, 9, row0, 0 < num_tiles)
-    _seesaw_load(kr_desc, k_l, k_r, k_e, full, 1, 0, 9, row1, 1 < num_tiles)
+    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 3, row0, 0 < num_tiles)
+    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 3, row1, 1 < num_tiles)
     mbarrier.wait(q_bar, 0)
 
     consts: gl.constexpr = (STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS, SM_SCALE,
                             NUM_HEADS, PAGE_SIZE)  # fmt: skip
-    args = (kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages,
-            start, end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts)  # fmt: skip
+    args = (k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr,
+            num_pages, start, end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx,
+            consts)  # fmt: skip
     gl.warp_specialize([(_seesaw_default, (args,)), (_seesaw_worker, (args,))], [4], [248])
