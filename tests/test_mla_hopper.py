@@ -470,12 +470,16 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1) 
     problem = _mla(batch=batch, num_heads=num_heads, page_size=page_size, max_pages=2048 // page_size, q_len=q_len,
                    token_axis=q_len > 1)  # fmt: skip
     config = _plan(problem, num_kv_splits=num_kv_splits)
-    kernel = compile_launch(config.hopper_stage1(config.contiguous_strides()), 90)
+    launch = config.hopper_stage1(config.contiguous_strides())
+    if q_len == 1 and num_kv_splits:
+        assert launch.kernel_name == "mla_hopper_seesaw"
+    kernel = compile_launch(launch, 90)
     ptx = kernel.asm["ptx"]
     assert kernel.metadata.shared <= SM90_SHARED_LIMIT, kernel.metadata.shared
-    from jax_decode.launch.planner import HOPPER_MLA_SHARED
+    from jax_decode.launch.planner import HOPPER_MLA_PROGRAMS
 
-    assert kernel.metadata.shared == HOPPER_MLA_SHARED, "the planner's cost model must know the program"
+    threads, _, shared = HOPPER_MLA_PROGRAMS[launch.kernel_name]
+    assert (kernel.metadata.shared, 32 * kernel.metadata.num_warps) == (shared, threads), "the planner must know it"
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert ".local" not in ptx, "nothing may live in local memory"
     assert len(kernel.metadata.tensordesc_meta) == 4

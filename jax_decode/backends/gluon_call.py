@@ -113,9 +113,9 @@ def _lowering(ctx, *arrays, launch, scalars, out_types, compute_capability):
     scratch = getattr(md, "global_scratch_size", 0) or 0
     if scratch or (getattr(md, "profile_scratch_size", 0) or 0):
         raise NotImplementedError(f"{md.name} needs a global scratch buffer, which this lowering does not provide")
-    kernel = gpu_triton.TritonKernel(
-        md.name, launch.num_warps, 1, md.shared, compiled.asm["ptx"], "", compute_capability
-    )
+    # md.num_warps: every warp the kernel runs, its warp-specialised partitions' included
+    # (launch.num_warps counts the default partition's alone).
+    kernel = gpu_triton.TritonKernel(md.name, md.num_warps, 1, md.shared, compiled.asm["ptx"], "", compute_capability)
     call = gpu_triton.TritonKernelCall(kernel, *launch.grid, _parameters(launch, scalars, compiled))
     return typed_ffi.lowering_rule(zlib.compress(call.to_proto(md.name, b"")))(ctx, *arrays)
 

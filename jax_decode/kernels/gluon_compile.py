@@ -19,6 +19,7 @@ import os
 GLUON_KERNELS = {
     "mla_hopper": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper"),
     "mla_hopper_scheduled": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_scheduled"),
+    "mla_hopper_seesaw": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_seesaw"),
 }
 
 

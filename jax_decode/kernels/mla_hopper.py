@@ -693,9 +693,14 @@ def _seesaw_partition(
             sc0 = gl.exp2(m_i - ms0)
             p = gl.exp2(s - ms0[:, None])
             l_i = l_i * sc0 + gl.sum(p, 1)
-            acc = acc * gl.convert_layout(sc0, o_rows)[:, None]
-            # P0 waits in bf16 for its rescale by sc1 (half the registers of fp32).
             p = p.to(gl.bfloat16)
+            # P0 (on m0) for WG 1's P0 V0_R, once the previous pair's is done with the buffer.
+            mbarrier.wait(bar_p0_free, (j + 1) & 1, pred=j > 0)
+            p0_smem.store(p)
+            fence_async_shared()
+            _cta_barrier()
+            mbarrier.arrive(bar_p0)
+            acc = acc * gl.convert_layout(sc0, o_rows)[:, None]
             p_op = gl.convert_layout(p, a_layout)
             acc = warpgroup_mma(p_op, k_l.index(zs), acc, is_async=True)
             # ---- the odd tile's max
@@ -705,15 +710,8 @@ def _seesaw_partition(
             acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
             _cta_barrier()
             _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 1, 2, row0n, has_t0n)
-            p = p.to(gl.float32) * sc1[:, None]
             l_i = l_i * sc1
             m_i = m1
-            # The previous pair's P0 V0_R must be done with the buffer.
-            mbarrier.wait(bar_p0_free, (j + 1) & 1, pred=j > 0)
-            p0_smem.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            _cta_barrier()
-            mbarrier.arrive(bar_p0)
             # ---- P1 V1_L, and behind it the next even tile's scores on the parts that are
             # already here (its rope part and left half were refilled early in this pair;
             # its right half only comes once WG 1's P0 V0_R has retired)
@@ -763,31 +761,34 @@ def _seesaw_partition(
             s_m1.store(m1)
             _cta_barrier()
             mbarrier.arrive(bar_m1)
+            # ---- P0 V0_R (P0 on m0) first: K0's right half is then free a P V earlier
+            acc = acc * gl.convert_layout(sc0, o_rows)[:, None]
+            mbarrier.wait(bar_p0, phase)
+            mbarrier.wait(full[0][2], phase)  # K0's right half (see WG 0's P1 V1_L)
+            acc = warpgroup_mma(p0_smem, k_r.index(zs), acc, is_async=True)
             ms1 = _safe(m1)
             sc1 = gl.exp2(m0 - ms1)
             p = gl.exp2(s - ms1[:, None])
             l_i = l_i * (sc0 * sc1) + gl.sum(p, 1)
             m_i = m1
-            # P1 goes to K1's rope chunk, which S1 no longer needs.
-            k_e.index(1).store(p.to(gl.bfloat16))
+            # P1 goes to K1's rope part, which S1 no longer needs.
+            p = p.to(gl.bfloat16)
+            k_e.index(1).store(p)
             fence_async_shared()
             _cta_barrier()
             mbarrier.arrive(bar_p1)
-            acc = acc * gl.convert_layout(sc0 * sc1, o_rows)[:, None]
-            if has_t1:
-                p_op = gl.convert_layout(p.to(gl.bfloat16), a_layout)
-                acc = warpgroup_mma(p_op, k_r.index(1 + zs), acc, is_async=True)
-                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            _cta_barrier()
-            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 2, 3, row1n, has_t1n)
-            # ---- P0 V0_R
-            mbarrier.wait(bar_p0, phase)
-            mbarrier.wait(full[0][2], phase)  # K0's right half (see WG 0's P1 V1_L)
-            acc = warpgroup_mma(p0_smem, k_r.index(zs), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _cta_barrier()
             mbarrier.arrive(bar_p0_free)
             _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 2, 3, row0n, has_t0n)
+            # ---- P1 V1_R
+            acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
+            if has_t1:
+                p_op = gl.convert_layout(p, a_layout)
+                acc = warpgroup_mma(p_op, k_r.index(1 + zs), acc, is_async=True)
+                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            _cta_barrier()
+            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 2, 3, row1n, has_t1n)
         ok0 = ok0n
         ok1 = ok1n
 

@@ -348,6 +348,27 @@ class LaunchConfig:
             grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), self.schedule_programs, 1)
             return KernelLaunch("mla_hopper_scheduled", grid, 8, 1, tuple(meta.items()), params, tma)
         out_type = _POINTER[p.dtype] if self.one_pass else "*fp32"
+        params = (
+            *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("num_pages", "i32"),
+            ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
+        )  # fmt: skip
+        if p.q_len == 1:
+            # One token: the seesaw kernel (warp-specialised; its latent blocks are halves).
+            half = (HOPPER_MLA_ROWS, p.head_dim_v // 2)
+            tma = tuple(dataclasses.replace(view, block=half) if view.block == latent else view for view in tma)
+            out_strides = _stage1_out_strides(strides, final=self.one_pass)
+            del out_strides["STRIDE_MOT"], out_strides["STRIDE_MLT"]
+            meta = dict(
+                STRIDE_PTB=strides.page_table,
+                **out_strides,
+                SM_SCALE=float(p.sm_scale),
+                NUM_HEADS=p.num_heads,
+                PAGE_SIZE=p.page_size,
+                CAPACITY=p.capacity,
+                NUM_KV_SPLITS=self.num_kv_splits,
+            )
+            grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
+            return KernelLaunch("mla_hopper_seesaw", grid, 4, 1, tuple(meta.items()), params, tma)
         # In the kernel's parameter order (torch's launcher passes them by position).
         meta = dict(
             STRIDE_PTB=strides.page_table,
@@ -361,10 +382,6 @@ class LaunchConfig:
             PIPELINE=1,
             Q_LEN=p.q_len,
         )
-        params = (
-            *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("num_pages", "i32"),
-            ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
-        )  # fmt: skip
         grid = (cdiv(p.q_len * p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
         return KernelLaunch("mla_hopper", grid, 8, 1, tuple(meta.items()), params, tma)
 

@@ -169,19 +169,24 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool) -> bool
     )
 
 
-# The Gluon MLA stage 1's program (jax_decode/kernels/mla_hopper.py, as compiled by
-# triton 3.6 for sm_90): two warpgroups, 235 registers, Q and a 2-stage ring of
-# 64-token K tiles in 229,912 bytes of shared memory -- one program per SM.
-HOPPER_MLA_THREADS, HOPPER_MLA_REGISTERS, HOPPER_MLA_SHARED = 256, 235, 229912
+# The Gluon MLA stage 1's programs (jax_decode/kernels/mla_hopper.py, as compiled by
+# triton 3.6 for sm_90), by launch name: threads, registers and shared memory (Q and a
+# 2-stage ring of 64-token K tiles).  One program per SM, whichever runs.
+HOPPER_MLA_PROGRAMS = {
+    "mla_hopper": (256, 235, 229912),  # several query tokens: two warpgroups in lock step
+    "mla_hopper_scheduled": (256, 235, 229912),  # the same under the device-side schedule
+    "mla_hopper_seesaw": (256, 255, 230940),  # one token, fixed splits: warp-specialised
+}
 
 
 def hopper_mla_program(p: DecodeProblem) -> ProgramShape:
     """The cost model's view of one program of the Gluon MLA stage 1."""
     heads = min(HOPPER_MLA_ROWS, p.rows_per_kv_head)
+    threads, registers, shared = HOPPER_MLA_PROGRAMS["mla_hopper_seesaw" if p.q_len == 1 else "mla_hopper"]
     return ProgramShape(
-        threads=HOPPER_MLA_THREADS,
-        registers=HOPPER_MLA_REGISTERS,
-        shared_bytes=HOPPER_MLA_SHARED,
+        threads=threads,
+        registers=registers,
+        shared_bytes=shared,
         in_flight_bytes=2 * HOPPER_MLA_TILE * p.head_dim_qk * 2,
         token_bytes=p.head_dim_qk * 2,
         flops_per_token=2 * heads * (p.head_dim_qk + p.head_dim_v),
