@@ -20,6 +20,7 @@ GLUON_KERNELS = {
     "mla_hopper": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper"),
     "mla_hopper_scheduled": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_scheduled"),
     "mla_hopper_seesaw": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_seesaw"),
+    "mla_hopper_seesaw_scheduled": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_seesaw_scheduled"),
 }
 
 

@@ -577,31 +577,58 @@ def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, stage: gl.constexpr, phas
 
 
 @gluon.jit
+def _seesaw_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRIDE_PTB: gl.constexpr,
+                  STRIDE_MOB: gl.constexpr, STRIDE_MOS: gl.constexpr, STRIDE_MLB: gl.constexpr,
+                  STRIDE_MLS: gl.constexpr, NUM_HEADS: gl.constexpr, CAPACITY: gl.constexpr,
+                  NUM_KV_SPLITS: gl.constexpr, NUM_PROGRAMS: gl.constexpr, CHUNK_COST: gl.constexpr,
+                  SCHEDULED: gl.constexpr):  # fmt: skip
+    """A program's chunk ``c``: its positions ``[start, end)`` of a batch row, the row's
+    page-table row, its first Q row and where its output and LSE go.  Fixed splits: the
+    one chunk of split ``program_id(2)`` of row ``program_id(1)``.  The device-side
+    schedule (jax_decode.kernels.schedule): row ``first_row + c``'s chunk of program
+    ``program_id(1)``, written to slot ``row + program_id(1)``."""
+    if SCHEDULED:
+        row = first_row + c
+        program = gl.program_id(1)
+        seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row), 0), CAPACITY)
+        tiles = gl.cdiv(seq_len, 64)
+        first_pos = program * gl.load(schedule_ptr) - gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + row) - CHUNK_COST
+        tile_lo = gl.minimum(gl.maximum(first_pos, 0), tiles)
+        tile_hi = gl.minimum(gl.maximum(first_pos + gl.load(schedule_ptr), 0), tiles)
+        start = tile_lo * 64
+        end = gl.minimum(tile_hi * 64, seq_len)
+        slot = row.to(gl.int64) + program
+        o_base = slot * (NUM_HEADS * 512)
+        lse_base = slot * NUM_HEADS
+    else:
+        row = gl.program_id(1)
+        split = gl.program_id(2)
+        seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row), 0), CAPACITY)
+        per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), 64) * 64
+        start = split * per_split
+        end = gl.minimum(start + per_split, seq_len)
+        o_base = row.to(gl.int64) * STRIDE_MOB + split * STRIDE_MOS
+        lse_base = row.to(gl.int64) * STRIDE_MLB + split * STRIDE_MLS
+    num_tiles = gl.cdiv(gl.maximum(end - start, 0), 64)
+    page_row_ptr = page_table_ptr + row.to(gl.int64) * STRIDE_PTB
+    q_row = row * NUM_HEADS + gl.program_id(0) * 64
+    return start, end, num_tiles, page_row_ptr, q_row, o_base, lse_base
+
+
+@gluon.jit
 def _seesaw_partition(
+    q_desc,
+    qr_desc,
     k_desc,
     kr_desc,
-    q_l,
-    q_r,
-    q_e,
-    k_l,
-    k_r,
-    k_e,
-    p0_smem,
-    full,
-    xbars,
-    s_m0,
-    s_m1,
-    s_l,
-    page_row_ptr,
+    smem,
+    page_table_ptr,
+    seq_lens_ptr,
+    schedule_ptr,
     num_pages,
-    start,
-    end,
-    num_tiles,
     mid_o_ptr,
     mid_lse_ptr,
-    batch_idx,
-    head_block,
-    split_idx,
+    STRIDE_PTB: gl.constexpr,
     STRIDE_MOB: gl.constexpr,
     STRIDE_MOH: gl.constexpr,
     STRIDE_MOS: gl.constexpr,
@@ -611,17 +638,21 @@ def _seesaw_partition(
     SM_SCALE: gl.constexpr,
     NUM_HEADS: gl.constexpr,
     PAGE_SIZE: gl.constexpr,
+    CAPACITY: gl.constexpr,
+    NUM_KV_SPLITS: gl.constexpr,
+    NUM_PROGRAMS: gl.constexpr,
+    CHUNK_COST: gl.constexpr,
+    SCHEDULED: gl.constexpr,
     WG: gl.constexpr,
 ):
     """One warpgroup of the seesaw: WG 0 scores even tiles (stage 0) and owns output
     columns 0..255, WG 1 odd tiles (stage 1) and columns 256..511.  Per pair of tiles
-    (K0 even, K1 odd):
+    (K0 even, K1 odd), with P0 on m0 and P1 on m1:
 
-        [0] S0 = Q K0^T            [1] S1 = Q K1^T
-        [0] m0 = max(m, S0), publish; P0 = exp2(S0 - m0); O_L = O_L * sc0 + P0 V0_L
-        [1] m1 = max(m0, S1), publish; P1 = exp2(S1 - m1) -> smem; O_R = O_R * sc0 sc1 + P1 V1_R
-        [0] P0 *= sc1 -> smem       [1] O_R += P0 V0_R
-        [0] O_L = O_L * sc1 + P1 V1_L
+        [0] S0 = Q K0^T                       [1] S1 = Q K1^T
+        [0] m0 = max(m, S0), publish; P0 -> smem; O_L = O_L * sc0 + P0 V0_L
+        [1] m1 = max(m0, S1), publish; O_R = O_R * sc0 + P0 V0_R; P1 -> smem
+        [1] O_R = O_R * sc1 + P1 V1_R          [0] O_L = O_L * sc1 + P1 V1_L
 
     K tiles arrive in three parts (rope, left half, right half), each by one copy on its
     own barrier, and each part is refilled for the tile two ahead as soon as the last
@@ -631,6 +662,12 @@ def _seesaw_partition(
     in that order.  WG 0 issues the next pair's S0 on the rope part and left half right
     behind P1 V1_L, so the tensor cores have work while K0's right half is in flight.
     P0 has its own buffer, which WG 1 releases (``p0_free``) once P0 V0_R has retired.
+
+    A program attends to its chunks in turn (one with fixed splits; a row's share of
+    the batch's work each under the device-side schedule, see :func:`_seesaw_chunk`):
+    once both warpgroups are past a chunk's ``fin`` barrier, WG 0 starts the copies of
+    the next chunk's Q and first two K tiles.  Every barrier's phase counts on across
+    chunks (``pair_base``: pairs before this chunk; ``odd_base``: odd tiles).
 
     Two compiler facts shape the code.  Triton's shared-memory analysis puts a CTA
     barrier between operations on one allocation, so every barrier is an allocation of
@@ -649,168 +686,196 @@ def _seesaw_partition(
     rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     qk_scale = SM_SCALE * LOG2E
-
+    q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, s_m0, s_m1, s_l, q_bar, full, xbars = smem
     bar_m0, bar_m1, bar_p0, bar_p1, bar_fin, bar_p0_free = xbars
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=rows)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    num_pairs = gl.cdiv(num_tiles, 2)
-    _, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-    _, ok1 = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-    s = s_zero
-    if WG == 0:  # the first even tile's scores; each pair computes the next pair's
-        s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, 0, start, end, ok0, num_tiles > 0, s_zero, 0,
-                           zero_layout, 0)  # fmt: skip
 
-    for j in range(num_pairs):
-        phase = j & 1
-        zs = j >> 30  # 0, but not to the compiler: keeps smem descriptors from being hoisted
-        t0 = 2 * j
-        t1 = 2 * j + 1
-        has_t1 = t1 < num_tiles
-        # The next pair's pages: their rows for this pair's refills, their validity for
-        # the next pair (this pair's came from the previous one, so nothing waits on a
-        # page-table load before the scores).
-        row0n, ok0n = _page_of(page_row_ptr, start, t0 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-        row1n, ok1n = _page_of(page_row_ptr, start, t1 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-        has_t0n = t0 + 2 < num_tiles
-        has_t1n = t1 + 2 < num_tiles
+    if SCHEDULED:
+        first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
+        num_chunks = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1)) - first_row
+    else:
+        first_row = 0
+        num_chunks = 1
+    pair_base = 0
+    odd_base = 0
+    for c in range(num_chunks):
+        start, end, num_tiles, page_row_ptr, q_row, o_base, lse_base = _seesaw_chunk(
+            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRIDE_PTB, STRIDE_MOB, STRIDE_MOS, STRIDE_MLB,
+            STRIDE_MLS, NUM_HEADS, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS, CHUNK_COST, SCHEDULED,
+        )  # fmt: skip
+        row0, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+        row1, ok1 = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
         if WG == 0:
-            # ---- the even tile's scores are in s (from the previous pair, or before the loop)
-            ts0 = start + t0 * BLOCK_N
-            _cta_barrier()
-            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 1, row0n, has_t0n)
-            valid = ((ts0 + offs_n) < end) & ok0
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-            m0 = gl.maximum(m_i, gl.max(s, 1))
-            s_m0.store(m0)
-            _cta_barrier()
-            mbarrier.arrive(bar_m0)
-            ms0 = _safe(m0)
-            sc0 = gl.exp2(m_i - ms0)
-            p = gl.exp2(s - ms0[:, None])
-            l_i = l_i * sc0 + gl.sum(p, 1)
-            p = p.to(gl.bfloat16)
-            # P0 (on m0) for WG 1's P0 V0_R, once the previous pair's is done with the buffer.
-            mbarrier.wait(bar_p0_free, (j + 1) & 1, pred=j > 0)
-            p0_smem.store(p)
-            fence_async_shared()
-            _cta_barrier()
-            mbarrier.arrive(bar_p0)
-            acc = acc * gl.convert_layout(sc0, o_rows)[:, None]
-            p_op = gl.convert_layout(p, a_layout)
-            acc = warpgroup_mma(p_op, k_l.index(zs), acc, is_async=True)
-            # ---- the odd tile's max
-            mbarrier.wait(bar_m1, phase)
-            m1 = s_m1.load(rows)
-            sc1 = gl.exp2(m0 - _safe(m1))
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            _cta_barrier()
-            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 1, 2, row0n, has_t0n)
-            l_i = l_i * sc1
-            m_i = m1
-            # ---- P1 V1_L, and behind it the next even tile's scores on the parts that are
-            # already here (its rope part and left half were refilled early in this pair;
-            # its right half only comes once WG 1's P0 V0_R has retired)
-            acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
-            mbarrier.wait(bar_p1, phase)
-            ts0n = ts0 + 2 * BLOCK_N
-            early = has_t0n & (ts0n + BLOCK_N <= end) & ok0n  # a whole valid tile: no zeroing
-            if early:
-                # WG 1 waited for K1's copy; this wait (already complete) makes its left
-                # half visible here without relying on that chain alone.
-                mbarrier.wait(full[1][1], phase)
-                acc = warpgroup_mma(k_e.index(1 + zs), k_l.index(1 + zs), acc, is_async=True)
-                mbarrier.wait(full[0][0], phase ^ 1)
-                s = warpgroup_mma(q_e.index(zs), k_e.index(zs).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                mbarrier.wait(full[0][1], phase ^ 1)
-                s = warpgroup_mma(q_l.index(zs), k_l.index(zs).permute((1, 0)), s, is_async=True)
-                acc = warpgroup_mma_wait(2, deps=(acc,))  # P1 V1_L has retired; the scores run on
-                _cta_barrier()
-                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 2, row1n, has_t1n)
-                mbarrier.wait(full[0][2], phase ^ 1)
-                s = warpgroup_mma(q_r.index(zs), k_r.index(zs).permute((1, 0)), s, is_async=True)
-                s = warpgroup_mma_wait(0, deps=(s,))
-            else:  # the last pairs, or a next tile to be masked: one after the other
-                if has_t1:
-                    mbarrier.wait(full[1][1], phase)
-                    acc = warpgroup_mma(k_e.index(1 + zs), k_l.index(1 + zs), acc, is_async=True)
-                    acc = warpgroup_mma_wait(0, deps=(acc,))
-                _cta_barrier()
-                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 2, row1n, has_t1n)
-                if has_t0n:
-                    s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, phase ^ 1, ts0n, end, ok0n, True, s_zero,
-                                       0, zero_layout, zs)  # fmt: skip
-        else:
-            # ---- scores of the odd tile (right half first; none past the end: every score -inf)
-            ts1 = start + t1 * BLOCK_N
-            s = s_zero
-            if has_t1:
-                s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 1, phase, ts1, end, ok1, True, s_zero, 2,
-                                   zero_layout, zs)  # fmt: skip
-            valid = ((ts1 + offs_n) < end) & ok1 & has_t1
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-            mbarrier.wait(bar_m0, phase)
-            m0 = s_m0.load(rows)
-            ms0 = _safe(m0)
-            sc0 = gl.exp2(m_i - ms0)
-            m1 = gl.maximum(m0, gl.max(s, 1))
-            s_m1.store(m1)
-            _cta_barrier()
-            mbarrier.arrive(bar_m1)
-            # ---- P0 V0_R (P0 on m0) first: K0's right half is then free a P V earlier
-            acc = acc * gl.convert_layout(sc0, o_rows)[:, None]
-            mbarrier.wait(bar_p0, phase)
-            mbarrier.wait(full[0][2], phase)  # K0's right half (see WG 0's P1 V1_L)
-            acc = warpgroup_mma(p0_smem, k_r.index(zs), acc, is_async=True)
-            ms1 = _safe(m1)
-            sc1 = gl.exp2(m0 - ms1)
-            p = gl.exp2(s - ms1[:, None])
-            l_i = l_i * (sc0 * sc1) + gl.sum(p, 1)
-            m_i = m1
-            # P1 goes to K1's rope part, which S1 no longer needs.
-            p = p.to(gl.bfloat16)
-            k_e.index(1).store(p)
-            fence_async_shared()
-            _cta_barrier()
-            mbarrier.arrive(bar_p1)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            _cta_barrier()
-            mbarrier.arrive(bar_p0_free)
-            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 2, 3, row0n, has_t0n)
-            # ---- P1 V1_R
-            acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
-            if has_t1:
-                p_op = gl.convert_layout(p, a_layout)
-                acc = warpgroup_mma(p_op, k_r.index(1 + zs), acc, is_async=True)
-                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            _cta_barrier()
-            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 2, 3, row1n, has_t1n)
-        ok0 = ok0n
-        ok1 = ok1n
+            # Both warpgroups are past the previous chunk's fin barrier: Q and K are free.
+            mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+            _tma_load(q_desc, [q_row, 0], q_bar, q_l.index(0))
+            _tma_load(q_desc, [q_row, 256], q_bar, q_r.index(0))
+            _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_e.index(0))
+            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 3, row0, 0 < num_tiles)
+            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 3, row1, 1 < num_tiles)
+        mbarrier.wait(q_bar, c & 1)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows)
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=rows)
+        acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
+        num_pairs = gl.cdiv(num_tiles, 2)
+        s = s_zero
+        if WG == 0:  # the first even tile's scores; each pair computes the next pair's
+            s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, pair_base & 1, start, end, ok0, num_tiles > 0,
+                               s_zero, 0, zero_layout, 0)  # fmt: skip
 
-    # Row sums: each warpgroup summed its own tiles' P (on the same running max).
-    s_l.slice(WG * BLOCK_H, BLOCK_H).store(l_i)
-    _cta_barrier()
-    mbarrier.arrive(bar_fin)
-    mbarrier.wait(bar_fin, 0)
-    l_tot = s_l.slice(0, BLOCK_H).load(rows) + s_l.slice(BLOCK_H, BLOCK_H).load(rows)
-    has_tokens = l_tot > 0
-    l_safe = gl.where(has_tokens, l_tot, 1.0)
-    o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
-    heads_o = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
-    cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-    mo_rows = batch_idx * STRIDE_MOB + heads_o.to(gl.int64) * STRIDE_MOH + split_idx * STRIDE_MOS
-    o = o.to(mid_o_ptr.dtype.element_ty)
-    gl.store(mid_o_ptr + mo_rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
-    if WG == 0:
-        lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
-        heads_s = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
-        lse_ptrs = mid_lse_ptr + batch_idx * STRIDE_MLB + heads_s * STRIDE_MLH + split_idx * STRIDE_MLS
-        gl.store(lse_ptrs, lse, mask=heads_s < NUM_HEADS)
+        for j in range(num_pairs):
+            phase = (pair_base + j) & 1  # the exchanges' and the even tile's
+            phase1 = (odd_base + j) & 1  # the odd tile's
+            zs = j >> 30  # 0, but not to the compiler: keeps smem descriptors from being hoisted
+            t0 = 2 * j
+            t1 = 2 * j + 1
+            has_t1 = t1 < num_tiles
+            # The next pair's pages: their rows for this pair's refills, their validity for
+            # the next pair (this pair's came from the previous one, so nothing waits on a
+            # page-table load before the scores).
+            row0n, ok0n = _page_of(page_row_ptr, start, t0 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+            row1n, ok1n = _page_of(page_row_ptr, start, t1 + 2, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+            has_t0n = t0 + 2 < num_tiles
+            has_t1n = t1 + 2 < num_tiles
+            if WG == 0:
+                # ---- the even tile's scores are in s (from the previous pair, or before the loop)
+                ts0 = start + t0 * BLOCK_N
+                _cta_barrier()
+                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 1, row0n, has_t0n)
+                valid = ((ts0 + offs_n) < end) & ok0
+                s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+                m0 = gl.maximum(m_i, gl.max(s, 1))
+                s_m0.store(m0)
+                _cta_barrier()
+                mbarrier.arrive(bar_m0)
+                ms0 = _safe(m0)
+                sc0 = gl.exp2(m_i - ms0)
+                p = gl.exp2(s - ms0[:, None])
+                l_i = l_i * sc0 + gl.sum(p, 1)
+                p = p.to(gl.bfloat16)
+                # P0 (on m0) for WG 1's P0 V0_R, once the previous pair's is done with the buffer.
+                mbarrier.wait(bar_p0_free, phase ^ 1, pred=pair_base + j > 0)
+                p0_smem.store(p)
+                fence_async_shared()
+                _cta_barrier()
+                mbarrier.arrive(bar_p0)
+                acc = acc * gl.convert_layout(sc0, o_rows)[:, None]
+                p_op = gl.convert_layout(p, a_layout)
+                acc = warpgroup_mma(p_op, k_l.index(zs), acc, is_async=True)
+                # ---- the odd tile's max
+                mbarrier.wait(bar_m1, phase)
+                m1 = s_m1.load(rows)
+                sc1 = gl.exp2(m0 - _safe(m1))
+                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+                _cta_barrier()
+                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 1, 2, row0n, has_t0n)
+                l_i = l_i * sc1
+                m_i = m1
+                # ---- P1 V1_L, and behind it the next even tile's scores on the parts that
+                # are already here (its rope part and left half were refilled early in this
+                # pair; its right half only comes once WG 1's P0 V0_R has retired)
+                acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
+                mbarrier.wait(bar_p1, phase)
+                ts0n = ts0 + 2 * BLOCK_N
+                early = has_t0n & (ts0n + BLOCK_N <= end) & ok0n  # a whole valid tile: no zeroing
+                if early:
+                    # WG 1 waited for K1's copy; this wait (already complete) makes its left
+                    # half visible here without relying on that chain alone.
+                    mbarrier.wait(full[1][1], phase1)
+                    acc = warpgroup_mma(k_e.index(1 + zs), k_l.index(1 + zs), acc, is_async=True)
+                    mbarrier.wait(full[0][0], phase ^ 1)
+                    s = warpgroup_mma(q_e.index(zs), k_e.index(zs).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)  # fmt: skip
+                    mbarrier.wait(full[0][1], phase ^ 1)
+                    s = warpgroup_mma(q_l.index(zs), k_l.index(zs).permute((1, 0)), s, is_async=True)
+                    acc = warpgroup_mma_wait(2, deps=(acc,))  # P1 V1_L has retired; the scores run on
+                    _cta_barrier()
+                    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 2, row1n, has_t1n)
+                    mbarrier.wait(full[0][2], phase ^ 1)
+                    s = warpgroup_mma(q_r.index(zs), k_r.index(zs).permute((1, 0)), s, is_async=True)
+                    s = warpgroup_mma_wait(0, deps=(s,))
+                else:  # the last pairs, or a next tile to be masked: one after the other
+                    if has_t1:
+                        mbarrier.wait(full[1][1], phase1)
+                        acc = warpgroup_mma(k_e.index(1 + zs), k_l.index(1 + zs), acc, is_async=True)
+                        acc = warpgroup_mma_wait(0, deps=(acc,))
+                    _cta_barrier()
+                    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 2, row1n, has_t1n)
+                    if has_t0n:
+                        s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, phase ^ 1, ts0n, end, ok0n, True,
+                                           s_zero, 0, zero_layout, zs)  # fmt: skip
+            else:
+                # ---- scores of the odd tile (right half first; none past the end: every score -inf)
+                ts1 = start + t1 * BLOCK_N
+                s = s_zero
+                if has_t1:
+                    s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 1, phase1, ts1, end, ok1, True, s_zero, 2,
+                                       zero_layout, zs)  # fmt: skip
+                valid = ((ts1 + offs_n) < end) & ok1 & has_t1
+                s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+                mbarrier.wait(bar_m0, phase)
+                m0 = s_m0.load(rows)
+                ms0 = _safe(m0)
+                sc0 = gl.exp2(m_i - ms0)
+                m1 = gl.maximum(m0, gl.max(s, 1))
+                s_m1.store(m1)
+                _cta_barrier()
+                mbarrier.arrive(bar_m1)
+                # ---- P0 V0_R (P0 on m0) first: K0's right half is then free a P V earlier
+                acc = acc * gl.convert_layout(sc0, o_rows)[:, None]
+                mbarrier.wait(bar_p0, phase)
+                mbarrier.wait(full[0][2], phase)  # K0's right half (see WG 0's P1 V1_L)
+                acc = warpgroup_mma(p0_smem, k_r.index(zs), acc, is_async=True)
+                ms1 = _safe(m1)
+                sc1 = gl.exp2(m0 - ms1)
+                p = gl.exp2(s - ms1[:, None])
+                l_i = l_i * (sc0 * sc1) + gl.sum(p, 1)
+                m_i = m1
+                # P1 goes to K1's rope part, which S1 no longer needs.
+                p = p.to(gl.bfloat16)
+                k_e.index(1).store(p)
+                fence_async_shared()
+                _cta_barrier()
+                mbarrier.arrive(bar_p1)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                _cta_barrier()
+                mbarrier.arrive(bar_p0_free)
+                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 2, 3, row0n, has_t0n)
+                # ---- P1 V1_R
+                acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
+                if has_t1:
+                    p_op = gl.convert_layout(p, a_layout)
+                    acc = warpgroup_mma(p_op, k_r.index(1 + zs), acc, is_async=True)
+                    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+                _cta_barrier()
+                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 2, 3, row1n, has_t1n)
+            ok0 = ok0n
+            ok1 = ok1n
+        pair_base += num_pairs
+        odd_base += num_tiles // 2
+
+        # Row sums: each warpgroup summed its own tiles' P (on the same running max).  The
+        # buffer alternates by chunk: a warpgroup may store the next chunk's before the
+        # other has read this one's.
+        sums = s_l.index(c & 1)
+        sums.slice(WG * BLOCK_H, BLOCK_H).store(l_i)
+        _cta_barrier()
+        mbarrier.arrive(bar_fin)
+        mbarrier.wait(bar_fin, c & 1)
+        l_tot = sums.slice(0, BLOCK_H).load(rows) + sums.slice(BLOCK_H, BLOCK_H).load(rows)
+        has_tokens = l_tot > 0
+        l_safe = gl.where(has_tokens, l_tot, 1.0)
+        o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+        heads_o = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+        cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+        mo_rows = o_base + heads_o.to(gl.int64) * STRIDE_MOH
+        o = o.to(mid_o_ptr.dtype.element_ty)
+        gl.store(mid_o_ptr + mo_rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
+        if WG == 0:
+            lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+            heads_s = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
+            gl.store(mid_lse_ptr + lse_base + heads_s * STRIDE_MLH, lse, mask=heads_s < NUM_HEADS)
 
 
 @gluon.jit
@@ -825,13 +890,50 @@ def _seesaw_default(args):
 
 @gluon.jit
 def _seesaw_call(args, WG: gl.constexpr):
-    (k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages,
-     start, end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx, consts) = args  # fmt: skip
+    (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
+     mid_lse_ptr, consts) = args  # fmt: skip
     _seesaw_partition(
-        k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr, num_pages,
-        start, end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx,
-        consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6], consts[7], consts[8], WG,
+        q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
+        mid_lse_ptr, consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6], consts[7], consts[8],
+        consts[9], consts[10], consts[11], consts[12], consts[13], consts[14], WG,
     )  # fmt: skip
+
+
+@gluon.jit
+def _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
+                mid_lse_ptr, consts):  # fmt: skip
+    """Allocate the seesaw's shared memory and barriers and run its two warpgroups
+    (warpgroup 0 the kernel's own 4 warps, warpgroup 1 a 4-warp worker partition)."""
+    BLOCK_H: gl.constexpr = 64
+    BLOCK_N: gl.constexpr = 64
+    gl.static_assert(q_desc.block_type.shape[1] == 256, "latent halves")
+    gl.static_assert(consts[9] % BLOCK_N == 0, "a K tile must lie inside one page")  # PAGE_SIZE
+    half_layout: gl.constexpr = k_desc.layout
+    rope_layout: gl.constexpr = kr_desc.layout
+    # Q as arrays of one, so that the loop can index them with a value the compiler
+    # cannot fold (see _seesaw_partition).
+    q_l = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 256], half_layout)
+    q_r = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 256], half_layout)
+    q_e = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 64], rope_layout)
+    k_l = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
+    k_r = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
+    k_e = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], rope_layout)
+    vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    s_m0 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
+    s_m1 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
+    s_l = gl.allocate_shared_memory(gl.float32, [2, 2 * BLOCK_H], vec_layout)
+    p0_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], rope_layout)
+    q_bar = _barrier(1)
+    # full[s][p]: part p (0 rope, 1 left half, 2 right half) of stage s's K tile.
+    full = ((_barrier(1), _barrier(1), _barrier(1)), (_barrier(1), _barrier(1), _barrier(1)))
+    # exchanges: m0, m1, P0, P1 once a pair; a chunk's end (both warpgroups); P0's
+    # buffer free again.
+    xbars = (_barrier(1), _barrier(1), _barrier(1), _barrier(1), _barrier(2), _barrier(1))
+    fence_async_shared()
+    smem = (q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, s_m0, s_m1, s_l, q_bar, full, xbars)
+    args = (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
+            mid_lse_ptr, consts)  # fmt: skip
+    gl.warp_specialize([(_seesaw_default, (args,)), (_seesaw_worker, (args,))], [4], [248])
 
 
 @gluon.jit
@@ -858,62 +960,40 @@ def _mla_stage1_hopper_seesaw(
     CAPACITY: gl.constexpr,
     NUM_KV_SPLITS: gl.constexpr,
 ):
-    """The seesaw schedule (see the module docstring): launch with num_warps=4
-    (warpgroup 0; warpgroup 1 is a worker partition).  Same outputs as _mla_stage1_hopper.
-    The descriptors are _mla_stage1_hopper's with [64, 256] latent blocks; Q comes
-    through them, K only through ``kr_desc`` ([64, 64] blocks, one per chunk)."""
-    BLOCK_H: gl.constexpr = 64
-    BLOCK_N: gl.constexpr = 64
-    gl.static_assert(q_desc.block_type.shape[1] == 256, "latent halves")
-    gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "a K tile must lie inside one page")
-    head_block = gl.program_id(0)
-    batch_idx = gl.program_id(1).to(gl.int64)
-    split_idx = gl.program_id(2)
-    seq_len = gl.load(seq_lens_ptr + batch_idx)
-    seq_len = gl.minimum(gl.maximum(seq_len, 0), CAPACITY)
-    per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
-    start = split_idx * per_split
-    end = gl.minimum(start + per_split, seq_len)
-    num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
-    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+    """The seesaw schedule with fixed splits (see the module docstring): launch with
+    num_warps=4, grid ``(cdiv(num_heads, 64), batch, NUM_KV_SPLITS)``.  Same outputs as
+    _mla_stage1_hopper; its descriptors with [64, 256] latent blocks."""
+    consts: gl.constexpr = (STRIDE_PTB, STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS,
+                            SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, 1, 0, False)  # fmt: skip
+    _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, seq_lens_ptr, num_pages, mid_o_ptr,
+                mid_lse_ptr, consts)  # fmt: skip
 
-    half_layout: gl.constexpr = k_desc.layout
-    rope_layout: gl.constexpr = kr_desc.layout
-    # Q as arrays of one, so that the loop can index them with a value the compiler
-    # cannot fold (see _seesaw_partition).
-    q_l = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 256], half_layout)
-    q_r = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 256], half_layout)
-    q_e = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 64], rope_layout)
-    k_l = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
-    k_r = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
-    k_e = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], rope_layout)
-    vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    s_m0 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
-    s_m1 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
-    s_l = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], vec_layout)
-    p0_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], rope_layout)
-    q_bar = _barrier(1)
-    # full[s][p]: part p (0 rope, 1 left half, 2 right half) of stage s's K tile.
-    full = ((_barrier(1), _barrier(1), _barrier(1)), (_barrier(1), _barrier(1), _barrier(1)))
-    # exchanges: m0, m1, P0, P1 once a pair; the final row sums (both warpgroups); P0's
-    # buffer free again.
-    xbars = (_barrier(1), _barrier(1), _barrier(1), _barrier(1), _barrier(2), _barrier(1))
-    fence_async_shared()
 
-    q_row = (batch_idx * NUM_HEADS).to(gl.int32) + head_block * BLOCK_H
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, 0], q_bar, q_l.index(0))
-    _tma_load(q_desc, [q_row, 256], q_bar, q_r.index(0))
-    _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_e.index(0))
-    row0, _ = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-    row1, _ = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
-    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 3, row0, 0 < num_tiles)
-    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 3, row1, 1 < num_tiles)
-    mbarrier.wait(q_bar, 0)
-
-    consts: gl.constexpr = (STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS, SM_SCALE,
-                            NUM_HEADS, PAGE_SIZE)  # fmt: skip
-    args = (k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, full, xbars, s_m0, s_m1, s_l, page_row_ptr,
-            num_pages, start, end, num_tiles, mid_o_ptr, mid_lse_ptr, batch_idx, head_block, split_idx,
-            consts)  # fmt: skip
-    gl.warp_specialize([(_seesaw_default, (args,)), (_seesaw_worker, (args,))], [4], [248])
+@gluon.jit
+def _mla_stage1_hopper_seesaw_scheduled(
+    q_desc,
+    qr_desc,
+    k_desc,
+    kr_desc,
+    page_table_ptr,  # int32 [batch, max_pages]
+    seq_lens_ptr,  # int32 [batch]
+    schedule_ptr,  # int32: jax_decode.kernels.schedule._work_schedule's
+    num_pages,  # int
+    batch,  # int (the schedule's; unused here)
+    mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads, head_dim_v], contiguous: partials by slot
+    mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads], contiguous
+    STRIDE_PTB: gl.constexpr,
+    SM_SCALE: gl.constexpr,
+    NUM_HEADS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    CAPACITY: gl.constexpr,
+    NUM_PROGRAMS: gl.constexpr,
+    CHUNK_COST: gl.constexpr,
+):
+    """The seesaw under the device-side schedule: _mla_stage1_hopper_scheduled's
+    contract (grid ``(cdiv(num_heads, 64), NUM_PROGRAMS)``, chunk ``(p, b)`` to slot
+    ``b + p``), launched with num_warps=4 and [64, 256] latent blocks."""
+    consts: gl.constexpr = (STRIDE_PTB, 0, 512, 0, 0, 1, 0, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, 1, NUM_PROGRAMS,
+                            CHUNK_COST, True)  # fmt: skip
+    _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
+                mid_lse_ptr, consts)  # fmt: skip

@@ -329,6 +329,12 @@ class LaunchConfig:
             TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], rope),
         )
         descriptors = (("q_desc", "tma"), ("qr_desc", "tma"), ("k_desc", "tma"), ("kr_desc", "tma"))
+        # One token: the seesaw kernels (warp-specialised, 4 + 4 warps; latent blocks are
+        # halves).  Several: the two-warpgroup kernel, whose rows are (token, head) pairs.
+        seesaw = p.q_len == 1
+        if seesaw:
+            half = (HOPPER_MLA_ROWS, p.head_dim_v // 2)
+            tma = tuple(dataclasses.replace(view, block=half) if view.block == latent else view for view in tma)
         if self.schedule_programs:
             meta = dict(
                 STRIDE_PTB=strides.page_table,
@@ -338,24 +344,22 @@ class LaunchConfig:
                 CAPACITY=p.capacity,
                 NUM_PROGRAMS=self.schedule_programs,
                 CHUNK_COST=HOPPER_MLA_CHUNK_COST,
-                NUM_STAGES=2,
-                PIPELINE=1,
             )
+            if not seesaw:
+                meta.update(NUM_STAGES=2, PIPELINE=1)
             params = (
                 *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("schedule_ptr", "*i32"),
                 ("num_pages", "i32"), ("batch", "i32"), ("mid_o_ptr", "*fp32"), ("mid_lse_ptr", "*fp32"),
             )  # fmt: skip
             grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), self.schedule_programs, 1)
-            return KernelLaunch("mla_hopper_scheduled", grid, 8, 1, tuple(meta.items()), params, tma)
+            name, warps = ("mla_hopper_seesaw_scheduled", 4) if seesaw else ("mla_hopper_scheduled", 8)
+            return KernelLaunch(name, grid, warps, 1, tuple(meta.items()), params, tma)
         out_type = _POINTER[p.dtype] if self.one_pass else "*fp32"
         params = (
             *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("num_pages", "i32"),
             ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
         )  # fmt: skip
-        if p.q_len == 1:
-            # One token: the seesaw kernel (warp-specialised; its latent blocks are halves).
-            half = (HOPPER_MLA_ROWS, p.head_dim_v // 2)
-            tma = tuple(dataclasses.replace(view, block=half) if view.block == latent else view for view in tma)
+        if seesaw:
             out_strides = _stage1_out_strides(strides, final=self.one_pass)
             del out_strides["STRIDE_MOT"], out_strides["STRIDE_MLT"]
             meta = dict(

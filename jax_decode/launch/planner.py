@@ -175,7 +175,8 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool) -> bool
 HOPPER_MLA_PROGRAMS = {
     "mla_hopper": (256, 235, 229912),  # several query tokens: two warpgroups in lock step
     "mla_hopper_scheduled": (256, 235, 229912),  # the same under the device-side schedule
-    "mla_hopper_seesaw": (256, 255, 230940),  # one token, fixed splits: warp-specialised
+    "mla_hopper_seesaw": (256, 255, 231468),  # one token: warp-specialised (fixed splits)
+    "mla_hopper_seesaw_scheduled": (256, 255, 231468),  # (the device-side schedule)
 }
 
 
