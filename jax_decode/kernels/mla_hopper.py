@@ -47,13 +47,15 @@ against the other's products, warp-specialised, with K released chunk by chunk).
 Copying each tile in 64/128/256-column chunks on their own barriers, with the scores
 issued chunk by chunk, was measured 5-15% slower (docs/experiments.md).
 
-``_mla_stage1_hopper_seesaw`` (below) is that seesaw: the two warpgroups take alternate
-tiles and split the output columns; each K tile arrives in three parts (rope, left and
-right half of the latent), each refilled for the tile two ahead as soon as the last
-product that reads it has retired.  230,940 bytes of shared memory, 255 registers, no
-spills (triton 3.6).  Only ``benchmarks/mla_hopper.py --variants 9:1:0`` launches it.
-On an H200, b64 ctx4k 150.6 us against 171.6 for the kernel above and 132.0 for
-FlashMLA in the same run; b128 ctx1k 98.9 against 110.1 and 72.0.
+``_mla_stage1_hopper_seesaw`` (below) is that seesaw, and what the launch config runs
+for one query token (``_mla_stage1_hopper_seesaw_scheduled`` under the device-side
+schedule); the kernel above keeps several query tokens.  The two warpgroups take
+alternate tiles and split the output columns; each K tile arrives in three parts
+(rope, left and right half of the latent), each refilled for the tile two ahead as
+soon as the last product that reads it has retired (``_seesaw_partition`` has the
+schedule).  231,468 bytes of shared memory, 255 registers, no spills (triton 3.6).  On
+the H100, b64 ctx4k 150.7 us against 178.7 for the kernel above and 131.5 for FlashMLA
+in the same run; b128 ctx1k 109.4 against 120.4 and 77.2 (docs/performance.md).
 
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per
