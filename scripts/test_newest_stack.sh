@@ -18,6 +18,15 @@ venv="${NEWEST_STACK_VENV:-/tmp/jax-decode-newest-stack}"
 "$PYTHON" -m venv --clear "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q -e ".[test]"
+# JAX's CUDA plugin is published after jax and jaxlib (jax 0.12.1 came without one): where
+# the newest jaxlib has none yet, take the newest jax and jaxlib that have.
+plugin=$("$venv/bin/python" -m pip index versions jax-cuda12-plugin 2>/dev/null \
+  | sed -n 's/^jax-cuda12-plugin (\(.*\))$/\1/p' || true)
+jaxlib_version=$("$venv/bin/python" -c "import jaxlib; print(jaxlib.__version__)")
+if [ -n "$plugin" ] && [ "$plugin" != "$jaxlib_version" ]; then
+  echo "no jax-cuda12-plugin $jaxlib_version yet: jaxlib $plugin"
+  "$venv/bin/python" -m pip install -q "jaxlib==$plugin" "jax<=$plugin"
+fi
 PATH="$venv/bin:$PATH" bash scripts/install_cuda_lowering.sh
 "$venv/bin/python" - <<'PY'
 import jax, jax_triton, triton, torch, sys
