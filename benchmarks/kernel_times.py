@@ -8,7 +8,8 @@ schedule of the Gluon MLA stage 1, the schedule, stage 1 and the merge); the tab
 which of them the time is in, which ``benchmarks.bench``'s totals do not.
 ``--fixed-splits`` and ``--portable-multi-token`` plan with ``device_schedule=False``
 and ``hopper_multi_token=False`` (the frontends' plan, as it was before those were
-measured) and launch through torch_bridge's launcher.
+measured), ``--two-warpgroups`` runs the Gluon MLA stage 1's two-warpgroup kernel where
+the plan has the seesaw; these launch through torch_bridge's launcher.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from benchmarks.bench import _options, _problem_for, row_problem
 from benchmarks.suites import SUITES
 
 
-def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, **plan_options):
+def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw: bool = True, **plan_options):
     """Mean device microseconds per call of each kernel one call of ``row`` launches."""
+    import dataclasses
+
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -38,8 +41,9 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, **plan_
         return torch_bridge.decode_attention(*problem.arrays, num_kv_splits=num_kv_splits, **problem.extras,
                                              **_options(row))  # fmt: skip
 
-    if not all(plan_options.values()):
+    if not (seesaw and all(plan_options.values())):
         config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
+        config = dataclasses.replace(config, hopper_seesaw=seesaw)
         ops = DecodeOperands(*problem.arrays)
         out = torch.empty(config.problem.out_shape, dtype=problem.q.dtype, device="cuda")
         lse = torch.empty(config.problem.lse_shape, dtype=torch.float32, device="cuda")
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", type=int, default=None, help="fixed num_kv_splits (default: planned)")
     parser.add_argument("--fixed-splits", action="store_true", help="no device-side schedule for the Gluon MLA stage 1")
     parser.add_argument("--portable-multi-token", action="store_true", help="q_len > 1 on the portable stage 1")
+    parser.add_argument("--two-warpgroups", action="store_true", help="the Gluon MLA two-warpgroup kernel")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
     rows = [
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         seen.add(row.label)
         options = dict(device_schedule=not args.fixed_splits, hopper_multi_token=not args.portable_multi_token)
-        times = kernel_times(row, args.calls, args.splits, **options)
+        times = kernel_times(row, args.calls, args.splits, not args.two_warpgroups, **options)
         parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
         print(f"{row.label}: {sum(times.values()):.1f} us = {parts}")
     return 0

@@ -103,10 +103,9 @@ class MlaHopper:
             SM_SCALE=float(sm_scale), NUM_HEADS=num_heads, PAGE_SIZE=PAGE_SIZE, CAPACITY=max_pages * PAGE_SIZE,
             NUM_KV_SPLITS=num_kv_splits, NUM_STAGES=2, PIPELINE=int(pipeline),
         )  # fmt: skip
+        self.meta.update(STRIDE_MOT=0, STRIDE_MLT=0, Q_LEN=1)  # one query token: no token axis
         if self.seesaw:
             del self.meta["NUM_STAGES"], self.meta["PIPELINE"]
-        else:  # one query token: no token axis
-            self.meta.update(STRIDE_MOT=0, STRIDE_MLT=0, Q_LEN=1)
         if direct:  # one split: stage 1 writes out and lse itself (split strides 0)
             assert num_kv_splits == 1
             self.meta.update(

@@ -61,13 +61,14 @@ def compile_for_sm90(pipeline: int, num_heads: int = 128, num_kv_splits: int = 4
         NUM_KV_SPLITS=s,
         NUM_STAGES=2,
         PIPELINE=pipeline,
+        STRIDE_MOT=0,  # one query token: no token axis
+        STRIDE_MLT=0,
+        Q_LEN=1,
     )
     kernel, num_warps = _mla_stage1_hopper, 8
     if pipeline == SEESAW:
         del constexprs["NUM_STAGES"], constexprs["PIPELINE"]
         kernel, num_warps = _mla_stage1_hopper_seesaw, 4
-    else:  # one query token: no token axis
-        constexprs.update(STRIDE_MOT=0, STRIDE_MLT=0, Q_LEN=1)
     signature.update({name: "constexpr" for name in constexprs})
     source = GluonASTSource(kernel, signature, constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
@@ -215,9 +216,11 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
     np.testing.assert_array_equal(np.asarray(jax_lse), lse.cpu().numpy())
 
 
-def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, schedule: bool = False):
+def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, schedule: bool = False,
+                          seesaw: bool = True):  # fmt: skip
     """Plan the Gluon stage 1 (with ``schedule``, under the device-side schedule even
-    where the planner would take one fixed split), launch it through torch_bridge's
+    where the planner would take one fixed split; without ``seesaw``, the two-warpgroup
+    kernel), launch it through torch_bridge's
     launcher and through the JAX backend with that one config: against the float64
     oracle, and bit-identical to each other.  Returns the config."""
     import dataclasses
@@ -245,6 +248,7 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
         from jax_decode.launch.planner import hopper_mla_schedule_programs
 
         config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(mla, device))
+    config = dataclasses.replace(config, hopper_seesaw=seesaw)
     assert config.hopper_mla
     out = torch.empty(mla.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(mla.lse_shape, dtype=torch.float32, device=q.device)
@@ -276,11 +280,12 @@ def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("seesaw", [True, False], ids=["seesaw", "two_warpgroups"])
 @pytest.mark.parametrize("num_heads, q_len, num_kv_splits", [(16, 2, None), (16, 4, 1), (128, 2, 3), (100, 3, None)])
-def test_multi_token_rows_match_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits):
+def test_multi_token_rows_match_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits, seesaw):
     """The Gluon stage 1 with (query token, head) rows, causal among the new tokens, rows
     shorter than q_len included."""
-    _check_planned_launch(num_heads, q_len, num_kv_splits)
+    _check_planned_launch(num_heads, q_len, num_kv_splits, seesaw=seesaw)
 
 
 @pytest.mark.gpu
@@ -396,6 +401,8 @@ def test_gluon_splits_hedge_around_the_measured_best(batch, num_heads, max_pages
 
 
 def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
+    import dataclasses
+
     from jax_decode.launch import DeviceInfo, make_launch_config
 
     device = DeviceInfo(**H200, hopper_kernels=True)
@@ -406,11 +413,13 @@ def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
     strides = config.contiguous_strides()
     launch = config.hopper_stage1(strides)
     # 2 tokens x 16 heads = 32 rows: one 64-row block reads the latent once.
+    assert launch.kernel_name == "mla_hopper_seesaw" and launch.num_warps == 4
     assert launch.grid == (1, 8, config.num_kv_splits)
-    assert launch.tma[0].rows == 8 * 2 * 16
+    assert launch.tma[0].rows == 8 * 2 * 16 and launch.tma[0].block == (64, 256)
     assert dict(launch.constexprs)["Q_LEN"] == 2
-    import dataclasses
-
+    baseline = dataclasses.replace(config, hopper_seesaw=False).hopper_stage1(strides)
+    assert baseline.kernel_name == "mla_hopper" and baseline.num_warps == 8 and baseline.tma[0].block == (64, 512)
+    assert dict(baseline.constexprs)["Q_LEN"] == 2 and baseline.grid == launch.grid
     # Rows must be one stride apart across tokens too.
     assert config.tma_ready(strides)
     assert not config.tma_ready(dataclasses.replace(strides, tokens=(16 * 640, *strides.tokens[1:])))
@@ -427,11 +436,15 @@ def test_gluon_constexprs_follow_the_kernel_parameters():
 
     if _gluon_hopper_missing():
         pytest.skip(_gluon_hopper_missing())
+    import dataclasses
+
     for config in (
         _plan(_mla(batch=1)),
         _plan(_mla(batch=4, num_heads=16)),
         _plan(_mla(batch=4, num_heads=16), num_kv_splits=1),
         _plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True)),
+        dataclasses.replace(_plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True)), hopper_seesaw=False),
+        dataclasses.replace(_plan(_mla(batch=4)), hopper_seesaw=False),
     ):
         launch = config.hopper_stage1(config.contiguous_strides())
         names = list(inspect.signature(gluon_kernel(launch.kernel_name).fn).parameters)
@@ -464,15 +477,17 @@ def test_tma_ready_needs_row_views():
     assert not config.tma_ready(dataclasses.replace(strides, q=(128 * 8, 8)))  # overlapping rows
 
 
-def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1) -> None:
+def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1, seesaw=True) -> None:
+    import dataclasses
+
     from jax_decode.kernels.gluon_compile import compile_launch
 
     problem = _mla(batch=batch, num_heads=num_heads, page_size=page_size, max_pages=2048 // page_size, q_len=q_len,
                    token_axis=q_len > 1)  # fmt: skip
-    config = _plan(problem, num_kv_splits=num_kv_splits)
+    config = dataclasses.replace(_plan(problem, num_kv_splits=num_kv_splits), hopper_seesaw=seesaw)
     launch = config.hopper_stage1(config.contiguous_strides())
-    if q_len == 1 and num_kv_splits:
-        assert launch.kernel_name == "mla_hopper_seesaw"
+    if num_kv_splits:
+        assert launch.kernel_name == ("mla_hopper_seesaw" if seesaw else "mla_hopper")
     kernel = compile_launch(launch, 90)
     ptx = kernel.asm["ptx"]
     assert kernel.metadata.shared <= SM90_SHARED_LIMIT, kernel.metadata.shared
@@ -486,16 +501,17 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1) 
 
 
 @pytest.mark.parametrize(
-    "batch, num_heads, page_size, num_kv_splits, q_len",
+    "batch, num_heads, page_size, num_kv_splits, q_len, seesaw",
     # one pass (bf16 out), splits into float32 scratch, the device-side schedule, and
-    # (token, head) rows of several query tokens
-    [(4, 128, 64, 1, 1), (3, 16, 128, 3, 1), (5, 128, 64, None, 1), (3, 16, 64, 2, 2), (2, 16, 64, 1, 4)],
-)
-def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_splits, q_len):
+    # (token, head) rows of several query tokens; the two-warpgroup baseline
+    [(4, 128, 64, 1, 1, True), (3, 16, 128, 3, 1, True), (5, 128, 64, None, 1, True), (3, 16, 64, 2, 2, True),
+     (2, 16, 64, 1, 4, True), (3, 16, 64, 2, 2, False)],
+)  # fmt: skip
+def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_splits, q_len, seesaw):
     missing = _gluon_hopper_missing()
     if missing:
         pytest.skip(missing)
-    _run_isolated("_check_product_compile", batch, num_heads, page_size, num_kv_splits, q_len)
+    _run_isolated("_check_product_compile", batch, num_heads, page_size, num_kv_splits, q_len, seesaw)
 
 
 def _check_jax_lowering(num_kv_splits) -> None:

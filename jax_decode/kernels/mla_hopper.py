@@ -168,17 +168,45 @@ def _page_of(page_row_ptr, start, tile, num_tiles, num_pages, BLOCK_N: gl.conste
 
 
 @gluon.jit
+def _mask_scores(s, tile_start, end, tile_ok, offs_n, row_limit, Q_LEN: gl.constexpr):
+    """Scores of a tile's positions past ``end`` (all of them where not ``tile_ok``) to
+    -inf; with Q_LEN > 1 also those past each row's causal limit."""
+    valid = ((tile_start + offs_n) < end) & tile_ok
+    if Q_LEN > 1:
+        return gl.where(valid[None, :] & ((tile_start + offs_n)[None, :] < row_limit[:, None]), s, float("-inf"))
+    return gl.where(valid[None, :], s, float("-inf"))
+
+
+@gluon.jit
+def _row_limits(first_row, seq_len, end, BLOCK_H: gl.constexpr, layout: gl.constexpr, NUM_HEADS: gl.constexpr,
+                Q_LEN: gl.constexpr):  # fmt: skip
+    """Where the positions a block's rows (from ``first_row`` on) attend to end: ``end``,
+    or with Q_LEN > 1 per (token, head) row, as query token t of the batch row's last
+    Q_LEN sees the positions before its own and itself."""
+    if Q_LEN > 1:
+        tokens = (first_row + gl.arange(0, BLOCK_H, layout=layout)) // NUM_HEADS
+        limits = gl.minimum(seq_len - Q_LEN + tokens + 1, end)
+    else:
+        limits = end
+    return limits
+
+
+@gluon.jit
+def _row_offsets(rows, STRIDE_T, STRIDE_H, NUM_HEADS: gl.constexpr, Q_LEN: gl.constexpr):
+    """Offsets of a block's output rows: heads, or with Q_LEN > 1 (token, head) pairs,
+    token-major."""
+    if Q_LEN > 1:
+        return (rows // NUM_HEADS) * STRIDE_T + (rows % NUM_HEADS) * STRIDE_H
+    return rows * STRIDE_H
+
+
+@gluon.jit
 def _softmax_tile(s, tile_start, end, page_ok, m_i, l_acc, qk_scale, offs_n, row_limit, Q_LEN: gl.constexpr):
     """Online-softmax step of one tile's raw scores: P (f32, on the new running max),
     the factor ``alpha`` that rescales what came before, the new max and row sums.
     Positions past ``end`` (all, for a bad page; with Q_LEN > 1 past a row's causal
     limit) get probability 0."""
-    valid = ((tile_start + offs_n) < end) & page_ok
-    if Q_LEN > 1:
-        s = gl.where(valid[None, :] & ((tile_start + offs_n)[None, :] < row_limit[:, None]), s * qk_scale,
-                     float("-inf"))  # fmt: skip
-    else:
-        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+    s = _mask_scores(s * qk_scale, tile_start, end, page_ok, offs_n, row_limit, Q_LEN)
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_safe)
@@ -255,11 +283,7 @@ def _attend_chunk(
     acc = gl.zeros([BLOCK_H, HEAD_DIM_V], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    row_limit = end
-    if Q_LEN > 1:
-        # Query token t of the row's last Q_LEN sees the positions before its own and itself.
-        tokens = (first_row + gl.arange(0, BLOCK_H, layout=s_rows)) // NUM_HEADS
-        row_limit = gl.minimum(seq_len - Q_LEN + tokens + 1, end)
+    row_limit = _row_limits(first_row, seq_len, end, BLOCK_H, s_rows, NUM_HEADS, Q_LEN)
 
     mbarrier.wait(q_bar, 0)
     if PIPELINE:
@@ -336,15 +360,10 @@ def _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, head_block, S
     cols = gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, o.type.layout))
     heads_s = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=lse.type.layout)
     o = o.to(mid_o_ptr.dtype.element_ty)
-    if Q_LEN > 1:
-        rows_o = o_base + (heads_o // NUM_HEADS).to(gl.int64) * STRIDE_MOT + (heads_o % NUM_HEADS) * STRIDE_MOH
-        gl.store(mid_o_ptr + rows_o[:, None] + cols[None, :], o, mask=(heads_o < Q_LEN * NUM_HEADS)[:, None])
-        rows_s = lse_base + (heads_s // NUM_HEADS) * STRIDE_MLT + (heads_s % NUM_HEADS) * STRIDE_MLH
-        gl.store(mid_lse_ptr + rows_s, lse, mask=heads_s < Q_LEN * NUM_HEADS)
-    else:
-        rows = o_base + heads_o.to(gl.int64) * STRIDE_MOH
-        gl.store(mid_o_ptr + rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
-        gl.store(mid_lse_ptr + lse_base + heads_s * STRIDE_MLH, lse, mask=heads_s < NUM_HEADS)
+    rows_o = o_base + _row_offsets(heads_o.to(gl.int64), STRIDE_MOT, STRIDE_MOH, NUM_HEADS, Q_LEN)
+    gl.store(mid_o_ptr + rows_o[:, None] + cols[None, :], o, mask=(heads_o < Q_LEN * NUM_HEADS)[:, None])
+    rows_s = lse_base + _row_offsets(heads_s, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN)
+    gl.store(mid_lse_ptr + rows_s, lse, mask=heads_s < Q_LEN * NUM_HEADS)
 
 
 @gluon.jit
@@ -583,9 +602,9 @@ def _seesaw_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRI
                   STRIDE_MOB: gl.constexpr, STRIDE_MOS: gl.constexpr, STRIDE_MLB: gl.constexpr,
                   STRIDE_MLS: gl.constexpr, NUM_HEADS: gl.constexpr, CAPACITY: gl.constexpr,
                   NUM_KV_SPLITS: gl.constexpr, NUM_PROGRAMS: gl.constexpr, CHUNK_COST: gl.constexpr,
-                  SCHEDULED: gl.constexpr):  # fmt: skip
+                  SCHEDULED: gl.constexpr, Q_LEN: gl.constexpr):  # fmt: skip
     """A program's chunk ``c``: its positions ``[start, end)`` of a batch row, the row's
-    page-table row, its first Q row and where its output and LSE go.  Fixed splits: the
+    length, its page-table row, its first Q row and where its output and LSE go.  Fixed splits: the
     one chunk of split ``program_id(2)`` of row ``program_id(1)``.  The device-side
     schedule (jax_decode.kernels.schedule): row ``first_row + c``'s chunk of program
     ``program_id(1)``, written to slot ``row + program_id(1)``."""
@@ -613,8 +632,8 @@ def _seesaw_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRI
         lse_base = row.to(gl.int64) * STRIDE_MLB + split * STRIDE_MLS
     num_tiles = gl.cdiv(gl.maximum(end - start, 0), 64)
     page_row_ptr = page_table_ptr + row.to(gl.int64) * STRIDE_PTB
-    q_row = row * NUM_HEADS + gl.program_id(0) * 64
-    return start, end, num_tiles, page_row_ptr, q_row, o_base, lse_base
+    q_row = row * (Q_LEN * NUM_HEADS) + gl.program_id(0) * 64  # rows: (token, head), token-major
+    return seq_len, start, end, num_tiles, page_row_ptr, q_row, o_base, lse_base
 
 
 @gluon.jit
@@ -632,9 +651,11 @@ def _seesaw_partition(
     mid_lse_ptr,
     STRIDE_PTB: gl.constexpr,
     STRIDE_MOB: gl.constexpr,
+    STRIDE_MOT: gl.constexpr,
     STRIDE_MOH: gl.constexpr,
     STRIDE_MOS: gl.constexpr,
     STRIDE_MLB: gl.constexpr,
+    STRIDE_MLT: gl.constexpr,
     STRIDE_MLH: gl.constexpr,
     STRIDE_MLS: gl.constexpr,
     SM_SCALE: gl.constexpr,
@@ -642,6 +663,7 @@ def _seesaw_partition(
     PAGE_SIZE: gl.constexpr,
     CAPACITY: gl.constexpr,
     NUM_KV_SPLITS: gl.constexpr,
+    Q_LEN: gl.constexpr,
     NUM_PROGRAMS: gl.constexpr,
     CHUNK_COST: gl.constexpr,
     SCHEDULED: gl.constexpr,
@@ -702,10 +724,11 @@ def _seesaw_partition(
     pair_base = 0
     odd_base = 0
     for c in range(num_chunks):
-        start, end, num_tiles, page_row_ptr, q_row, o_base, lse_base = _seesaw_chunk(
+        seq_len, start, end, num_tiles, page_row_ptr, q_row, o_base, lse_base = _seesaw_chunk(
             c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRIDE_PTB, STRIDE_MOB, STRIDE_MOS, STRIDE_MLB,
-            STRIDE_MLS, NUM_HEADS, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS, CHUNK_COST, SCHEDULED,
+            STRIDE_MLS, NUM_HEADS, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS, CHUNK_COST, SCHEDULED, Q_LEN,
         )  # fmt: skip
+        row_limit = _row_limits(gl.program_id(0) * BLOCK_H, seq_len, end, BLOCK_H, rows, NUM_HEADS, Q_LEN)
         row0, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
         row1, ok1 = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
         if WG == 0:
@@ -745,8 +768,7 @@ def _seesaw_partition(
                 ts0 = start + t0 * BLOCK_N
                 _cta_barrier()
                 _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 1, row0n, has_t0n)
-                valid = ((ts0 + offs_n) < end) & ok0
-                s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+                s = _mask_scores(s * qk_scale, ts0, end, ok0, offs_n, row_limit, Q_LEN)
                 m0 = gl.maximum(m_i, gl.max(s, 1))
                 s_m0.store(m0)
                 _cta_barrier()
@@ -814,8 +836,7 @@ def _seesaw_partition(
                 if has_t1:
                     s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 1, phase1, ts1, end, ok1, True, s_zero, 2,
                                        zero_layout, zs)  # fmt: skip
-                valid = ((ts1 + offs_n) < end) & ok1 & has_t1
-                s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+                s = _mask_scores(s * qk_scale, ts1, end, ok1 & has_t1, offs_n, row_limit, Q_LEN)
                 mbarrier.wait(bar_m0, phase)
                 m0 = s_m0.load(rows)
                 ms0 = _safe(m0)
@@ -869,35 +890,38 @@ def _seesaw_partition(
         has_tokens = l_tot > 0
         l_safe = gl.where(has_tokens, l_tot, 1.0)
         o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
-        heads_o = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+        rows_o = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
         cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-        mo_rows = o_base + heads_o.to(gl.int64) * STRIDE_MOH
+        mo_rows = o_base + _row_offsets(rows_o.to(gl.int64), STRIDE_MOT, STRIDE_MOH, NUM_HEADS, Q_LEN)
         o = o.to(mid_o_ptr.dtype.element_ty)
-        gl.store(mid_o_ptr + mo_rows[:, None] + cols[None, :], o, mask=(heads_o < NUM_HEADS)[:, None])
+        gl.store(mid_o_ptr + mo_rows[:, None] + cols[None, :], o, mask=(rows_o < Q_LEN * NUM_HEADS)[:, None])
         if WG == 0:
             lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
-            heads_s = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
-            gl.store(mid_lse_ptr + lse_base + heads_s * STRIDE_MLH, lse, mask=heads_s < NUM_HEADS)
+            rows_s = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
+            ml_rows = lse_base + _row_offsets(rows_s, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN)
+            gl.store(mid_lse_ptr + ml_rows, lse, mask=rows_s < Q_LEN * NUM_HEADS)
 
 
 @gluon.jit
-def _seesaw_worker(args):
-    _seesaw_call(args, 1)
+def _seesaw_worker(args, consts: gl.constexpr):
+    _seesaw_call(args, consts, 1)
 
 
 @gluon.jit
-def _seesaw_default(args):
-    _seesaw_call(args, 0)
+def _seesaw_default(args, consts: gl.constexpr):
+    _seesaw_call(args, consts, 0)
 
 
 @gluon.jit
-def _seesaw_call(args, WG: gl.constexpr):
+def _seesaw_call(args, consts: gl.constexpr, WG: gl.constexpr):
+    # The constexprs travel apart from the tensors: inside a partition's argument tuple
+    # they would arrive as runtime values.
     (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-     mid_lse_ptr, consts) = args  # fmt: skip
+     mid_lse_ptr) = args  # fmt: skip
     _seesaw_partition(
         q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
         mid_lse_ptr, consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6], consts[7], consts[8],
-        consts[9], consts[10], consts[11], consts[12], consts[13], consts[14], WG,
+        consts[9], consts[10], consts[11], consts[12], consts[13], consts[14], consts[15], consts[16], consts[17], WG,
     )  # fmt: skip
 
 
@@ -909,7 +933,7 @@ def _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, 
     BLOCK_H: gl.constexpr = 64
     BLOCK_N: gl.constexpr = 64
     gl.static_assert(q_desc.block_type.shape[1] == 256, "latent halves")
-    gl.static_assert(consts[9] % BLOCK_N == 0, "a K tile must lie inside one page")  # PAGE_SIZE
+    gl.static_assert(consts[11] % BLOCK_N == 0, "a K tile must lie inside one page")  # PAGE_SIZE
     half_layout: gl.constexpr = k_desc.layout
     rope_layout: gl.constexpr = kr_desc.layout
     # Q as arrays of one, so that the loop can index them with a value the compiler
@@ -934,8 +958,8 @@ def _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, 
     fence_async_shared()
     smem = (q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, s_m0, s_m1, s_l, q_bar, full, xbars)
     args = (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-            mid_lse_ptr, consts)  # fmt: skip
-    gl.warp_specialize([(_seesaw_default, (args,)), (_seesaw_worker, (args,))], [4], [248])
+            mid_lse_ptr)  # fmt: skip
+    gl.warp_specialize([(_seesaw_default, (args, consts)), (_seesaw_worker, (args, consts))], [4], [248])
 
 
 @gluon.jit
@@ -951,9 +975,11 @@ def _mla_stage1_hopper_seesaw(
     mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits] (or the final lse)
     STRIDE_PTB: gl.constexpr,
     STRIDE_MOB: gl.constexpr,
+    STRIDE_MOT: gl.constexpr,  # the token axis (Q_LEN > 1)
     STRIDE_MOH: gl.constexpr,
     STRIDE_MOS: gl.constexpr,
     STRIDE_MLB: gl.constexpr,
+    STRIDE_MLT: gl.constexpr,
     STRIDE_MLH: gl.constexpr,
     STRIDE_MLS: gl.constexpr,
     SM_SCALE: gl.constexpr,
@@ -961,12 +987,14 @@ def _mla_stage1_hopper_seesaw(
     PAGE_SIZE: gl.constexpr,
     CAPACITY: gl.constexpr,
     NUM_KV_SPLITS: gl.constexpr,
+    Q_LEN: gl.constexpr,  # query tokens per batch row; rows are (token, head) pairs
 ):
     """The seesaw schedule with fixed splits (see the module docstring): launch with
-    num_warps=4, grid ``(cdiv(num_heads, 64), batch, NUM_KV_SPLITS)``.  Same outputs as
-    _mla_stage1_hopper; its descriptors with [64, 256] latent blocks."""
-    consts: gl.constexpr = (STRIDE_PTB, STRIDE_MOB, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLH, STRIDE_MLS,
-                            SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, 1, 0, False)  # fmt: skip
+    num_warps=4, grid ``(cdiv(Q_LEN * num_heads, 64), batch, NUM_KV_SPLITS)``.  Same
+    outputs as _mla_stage1_hopper; its descriptors with [64, 256] latent blocks."""
+    consts: gl.constexpr = (STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLT,
+                            STRIDE_MLH, STRIDE_MLS, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, Q_LEN, 1,
+                            0, False)  # fmt: skip
     _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, seq_lens_ptr, num_pages, mid_o_ptr,
                 mid_lse_ptr, consts)  # fmt: skip
 
@@ -995,7 +1023,7 @@ def _mla_stage1_hopper_seesaw_scheduled(
     """The seesaw under the device-side schedule: _mla_stage1_hopper_scheduled's
     contract (grid ``(cdiv(num_heads, 64), NUM_PROGRAMS)``, chunk ``(p, b)`` to slot
     ``b + p``), launched with num_warps=4 and [64, 256] latent blocks."""
-    consts: gl.constexpr = (STRIDE_PTB, 0, 512, 0, 0, 1, 0, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, 1, NUM_PROGRAMS,
-                            CHUNK_COST, True)  # fmt: skip
+    consts: gl.constexpr = (STRIDE_PTB, 0, 0, 512, 0, 0, 0, 1, 0, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, 1, 1,
+                            NUM_PROGRAMS, CHUNK_COST, True)  # fmt: skip
     _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
                 mid_lse_ptr, consts)  # fmt: skip

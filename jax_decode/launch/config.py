@@ -151,6 +151,9 @@ class LaunchConfig:
     # under the device-side schedule (jax_decode.kernels.schedule) instead of fixed
     # splits; num_kv_splits then describes only the portable stand-in.
     schedule_programs: int = 0
+    # With hopper_mla: the warp-specialised seesaw kernels (any q_len; the schedule takes
+    # one token); False: the two-warpgroup kernel, the benchmarks' and tests' baseline.
+    hopper_seesaw: bool = True
 
     @property
     def stage1_grid(self) -> tuple[int, int, int]:
@@ -329,9 +332,9 @@ class LaunchConfig:
             TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], rope),
         )
         descriptors = (("q_desc", "tma"), ("qr_desc", "tma"), ("k_desc", "tma"), ("kr_desc", "tma"))
-        # One token: the seesaw kernels (warp-specialised, 4 + 4 warps; latent blocks are
-        # halves).  Several: the two-warpgroup kernel, whose rows are (token, head) pairs.
-        seesaw = p.q_len == 1
+        # The seesaw kernels: warp-specialised, 4 + 4 warps, latent blocks are halves.
+        # Rows are (token, head) pairs in both kernels.
+        seesaw = self.hopper_seesaw
         if seesaw:
             half = (HOPPER_MLA_ROWS, p.head_dim_v // 2)
             tma = tuple(dataclasses.replace(view, block=half) if view.block == latent else view for view in tma)
@@ -345,6 +348,7 @@ class LaunchConfig:
                 NUM_PROGRAMS=self.schedule_programs,
                 CHUNK_COST=HOPPER_MLA_CHUNK_COST,
             )
+            assert p.q_len == 1, "the device-side schedule takes one query token"
             if not seesaw:
                 meta.update(NUM_STAGES=2, PIPELINE=1)
             params = (
@@ -359,20 +363,6 @@ class LaunchConfig:
             *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("num_pages", "i32"),
             ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
         )  # fmt: skip
-        if seesaw:
-            out_strides = _stage1_out_strides(strides, final=self.one_pass)
-            del out_strides["STRIDE_MOT"], out_strides["STRIDE_MLT"]
-            meta = dict(
-                STRIDE_PTB=strides.page_table,
-                **out_strides,
-                SM_SCALE=float(p.sm_scale),
-                NUM_HEADS=p.num_heads,
-                PAGE_SIZE=p.page_size,
-                CAPACITY=p.capacity,
-                NUM_KV_SPLITS=self.num_kv_splits,
-            )
-            grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
-            return KernelLaunch("mla_hopper_seesaw", grid, 4, 1, tuple(meta.items()), params, tma)
         # In the kernel's parameter order (torch's launcher passes them by position).
         meta = dict(
             STRIDE_PTB=strides.page_table,
@@ -382,12 +372,13 @@ class LaunchConfig:
             PAGE_SIZE=p.page_size,
             CAPACITY=p.capacity,
             NUM_KV_SPLITS=self.num_kv_splits,
-            NUM_STAGES=2,
-            PIPELINE=1,
-            Q_LEN=p.q_len,
         )
+        if not seesaw:
+            meta.update(NUM_STAGES=2, PIPELINE=1)
+        meta.update(Q_LEN=p.q_len)
         grid = (cdiv(p.q_len * p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
-        return KernelLaunch("mla_hopper", grid, 8, 1, tuple(meta.items()), params, tma)
+        name, warps = ("mla_hopper_seesaw", 4) if seesaw else ("mla_hopper", 8)
+        return KernelLaunch(name, grid, warps, 1, tuple(meta.items()), params, tma)
 
     @property
     def reuse_k_as_v(self) -> bool:

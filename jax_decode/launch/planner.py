@@ -173,9 +173,9 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool) -> bool
 # triton 3.6 for sm_90), by launch name: threads, registers and shared memory (Q and a
 # 2-stage ring of 64-token K tiles).  One program per SM, whichever runs.
 HOPPER_MLA_PROGRAMS = {
-    "mla_hopper": (256, 235, 229912),  # several query tokens: two warpgroups in lock step
+    "mla_hopper": (256, 235, 229912),  # two warpgroups in lock step (the baseline)
     "mla_hopper_scheduled": (256, 235, 229912),  # the same under the device-side schedule
-    "mla_hopper_seesaw": (256, 255, 231468),  # one token: warp-specialised (fixed splits)
+    "mla_hopper_seesaw": (256, 255, 231468),  # warp-specialised (fixed splits)
     "mla_hopper_seesaw_scheduled": (256, 255, 231468),  # (the device-side schedule)
 }
 
@@ -183,7 +183,7 @@ HOPPER_MLA_PROGRAMS = {
 def hopper_mla_program(p: DecodeProblem) -> ProgramShape:
     """The cost model's view of one program of the Gluon MLA stage 1."""
     heads = min(HOPPER_MLA_ROWS, p.rows_per_kv_head)
-    threads, registers, shared = HOPPER_MLA_PROGRAMS["mla_hopper_seesaw" if p.q_len == 1 else "mla_hopper"]
+    threads, registers, shared = HOPPER_MLA_PROGRAMS["mla_hopper_seesaw"]
     return ProgramShape(
         threads=threads,
         registers=registers,
