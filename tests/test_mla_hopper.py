@@ -387,11 +387,13 @@ def test_gluon_splits_hedge_around_the_measured_best(batch, num_heads, max_pages
     # Several rows: the device-side schedule, one wave of programs, unless one fixed
     # split writes the output in one pass; the fixed splits remain what the portable
     # stand-in (and a batch of one row) runs.
-    assert config.schedule_programs == (0 if batch == 1 or config.num_kv_splits == 1 else 132 // head_blocks)
+    # One wave, or 64 programs of 66 for 64 rows (they divide the batch).
+    wave = 64 if (batch, head_blocks) == (64, 2) else 132 // head_blocks
+    assert config.schedule_programs == (0 if batch == 1 or config.num_kv_splits == 1 else wave)
     if config.schedule_programs:
         launch = config.hopper_stage1(config.contiguous_strides())
-        assert launch.grid == (head_blocks, 132 // head_blocks, 1)
-        assert config.mid_o_shape == (batch + 132 // head_blocks, num_heads, 512)
+        assert launch.grid == (head_blocks, wave, 1)
+        assert config.mid_o_shape == (batch + wave, num_heads, 512)
         config = dataclasses.replace(config, schedule_programs=0)
     splits = config.num_kv_splits
     assert config.one_pass == (splits == 1)
@@ -450,6 +452,21 @@ def test_gluon_constexprs_follow_the_kernel_parameters():
         names = list(inspect.signature(gluon_kernel(launch.kernel_name).fn).parameters)
         runtime = [name for name, _ in launch.param_types]
         assert names == runtime + [name for name, _ in launch.constexprs], launch.kernel_name
+
+
+@pytest.mark.parametrize(
+    "batch, num_heads, programs",
+    # 64 and 128 rows take 64 programs of 66 (whole rows each); 16 rows (a divisor far
+    # below a wave) and 100 rows (50 would idle a quarter of the SMs) a whole wave; at
+    # 16 heads 128 rows take 128 of 132.
+    [(64, 128, 64), (128, 128, 64), (16, 128, 66), (100, 128, 66), (60, 128, 60), (128, 16, 128), (64, 16, 132)],
+)
+def test_schedule_programs_divide_the_batch_where_few_sms_idle(batch, num_heads, programs):
+    from jax_decode.launch import DeviceInfo
+    from jax_decode.launch.planner import hopper_mla_schedule_programs
+
+    device = DeviceInfo(**H200, hopper_kernels=True)
+    assert hopper_mla_schedule_programs(_mla(batch=batch, num_heads=num_heads), device) == programs
 
 
 def test_schedule_stays_within_int32_positions():

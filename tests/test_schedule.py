@@ -34,7 +34,8 @@ def _config(batch, num_heads=16, max_pages=8, page_size=64, num_sms=12):
     assert config.schedule_programs in (0, hopper_mla_schedule_programs(problem, device))  # 0: one fixed split
     # The schedule whatever the fixed splits (the planner skips it where one split does).
     config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(problem, device))
-    assert config.schedule_programs == num_sms // math.ceil(num_heads / 64)
+    wave = num_sms // math.ceil(num_heads / 64)
+    assert config.schedule_programs in (wave, *[d for d in range(wave, 0, -1) if batch % d == 0][:1])
     return config
 
 

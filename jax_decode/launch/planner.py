@@ -207,14 +207,25 @@ def hopper_mla_splits(p: DecodeProblem, device: DeviceInfo) -> int:
     return choose_splits(p, device, hopper_mla_program(p), cdiv(p.rows_per_kv_head, HOPPER_MLA_ROWS), HOPPER_MLA_TILE)
 
 
+# The device-side schedule takes a few programs fewer than a wave, down to this share of
+# it, where that many divide the batch (see hopper_mla_schedule_programs).
+ALIGNED_PROGRAMS_SHARE = 0.9
+
+
 def hopper_mla_schedule_programs(p: DecodeProblem, device: DeviceInfo) -> int:
     """Programs per head block of the Gluon MLA stage 1 under the device-side schedule
-    (0: fixed splits).  One wave: a program fills an SM.  A batch of one row has no
-    tail to balance, so its fixed splits do the same work without the schedule's two
-    extra launches; the schedule's int32 positions must not overflow."""
+    (0: fixed splits).  One wave: a program fills an SM -- or a few SMs fewer where that
+    many programs divide the batch (64 of 66 for 64 or 128 rows at 128 heads): a
+    uniform batch's rows then fall into the shares whole, each program attends to one
+    chunk (or whole rows) instead of starting a second, and the merge has one chunk per
+    row.  A batch of one row has no tail to balance, so its fixed splits do the same
+    work without the schedule's two extra launches; the schedule's int32 positions must
+    not overflow."""
     if p.batch <= 1 or p.q_len > 1:
         return 0
-    programs = max(1, device.num_sms // cdiv(p.num_heads, HOPPER_MLA_ROWS))
+    wave = max(1, device.num_sms // cdiv(p.num_heads, HOPPER_MLA_ROWS))
+    divisor = next(d for d in range(wave, 0, -1) if p.batch % d == 0)
+    programs = divisor if divisor >= ALIGNED_PROGRAMS_SHARE * wave else wave
     positions = p.batch * (HOPPER_MLA_CHUNK_COST + cdiv(p.capacity, HOPPER_MLA_TILE))
     # The schedule kernel's rounded-up divisions add up to a share (and the programs) to
     # the positions before dividing.
