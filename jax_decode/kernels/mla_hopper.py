@@ -574,6 +574,18 @@ def _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, stage: gl.constexpr, P0: 
 
 
 @gluon.jit
+def _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, q_bar, full, q_row, row0, row1,
+                  num_tiles):  # fmt: skip
+    """Start a chunk's copies: its Q rows and its first two K tiles."""
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+    _tma_load(q_desc, [q_row, 0], q_bar, q_l.index(0))
+    _tma_load(q_desc, [q_row, 256], q_bar, q_r.index(0))
+    _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_e.index(0))
+    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 3, row0, 0 < num_tiles)
+    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 3, row1, 1 < num_tiles)
+
+
+@gluon.jit
 def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, stage: gl.constexpr, phase, tile_start, end, page_ok, pred,
                    s_zero, FIRST: gl.constexpr, zero_layout: gl.constexpr, zs):  # fmt: skip
     """S = Q K^T of one tile as three products (rope, left half, right half), each
@@ -731,14 +743,15 @@ def _seesaw_partition(
         row_limit = _row_limits(gl.program_id(0) * BLOCK_H, seq_len, end, BLOCK_H, rows, NUM_HEADS, Q_LEN)
         row0, ok0 = _page_of(page_row_ptr, start, 0, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
         row1, ok1 = _page_of(page_row_ptr, start, 1, num_tiles, num_pages, BLOCK_N, PAGE_SIZE)
+        # A chunk's copies: here for the first (the only one with fixed splits), at the
+        # previous chunk's fin barrier for the others.
         if WG == 0:
-            # Both warpgroups are past the previous chunk's fin barrier: Q and K are free.
-            mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-            _tma_load(q_desc, [q_row, 0], q_bar, q_l.index(0))
-            _tma_load(q_desc, [q_row, 256], q_bar, q_r.index(0))
-            _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_e.index(0))
-            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 3, row0, 0 < num_tiles)
-            _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 3, row1, 1 < num_tiles)
+            if not SCHEDULED:
+                _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, q_bar, full, q_row,
+                              row0, row1, num_tiles)  # fmt: skip
+            elif c == 0:
+                _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, q_bar, full, q_row,
+                              row0, row1, num_tiles)  # fmt: skip
         mbarrier.wait(q_bar, c & 1)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows)
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=rows)
@@ -886,6 +899,20 @@ def _seesaw_partition(
         _cta_barrier()
         mbarrier.arrive(bar_fin)
         mbarrier.wait(bar_fin, c & 1)
+        if SCHEDULED:
+            if WG == 0:
+                if c + 1 < num_chunks:
+                    # Both warpgroups' products have retired: Q and K are free, and the next
+                    # chunk's copies land while this one's output is stored.
+                    _, nstart, _, ntiles, npage_row_ptr, nq_row, _, _ = _seesaw_chunk(
+                        c + 1, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRIDE_PTB, STRIDE_MOB,
+                        STRIDE_MOS, STRIDE_MLB, STRIDE_MLS, NUM_HEADS, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS,
+                        CHUNK_COST, SCHEDULED, Q_LEN,
+                    )  # fmt: skip
+                    nrow0, _ = _page_of(npage_row_ptr, nstart, 0, ntiles, num_pages, BLOCK_N, PAGE_SIZE)
+                    nrow1, _ = _page_of(npage_row_ptr, nstart, 1, ntiles, num_pages, BLOCK_N, PAGE_SIZE)
+                    _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, q_bar, full,
+                                  nq_row, nrow0, nrow1, ntiles)  # fmt: skip
         l_tot = sums.slice(0, BLOCK_H).load(rows) + sums.slice(BLOCK_H, BLOCK_H).load(rows)
         has_tokens = l_tot > 0
         l_safe = gl.where(has_tokens, l_tot, 1.0)
