@@ -216,7 +216,7 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
     np.testing.assert_array_equal(np.asarray(jax_lse), lse.cpu().numpy())
 
 
-def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, schedule: bool = False,
+def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, schedule: bool | int = False,
                           seesaw: bool = True):  # fmt: skip
     """Plan the Gluon stage 1 (with ``schedule``, under the device-side schedule even
     where the planner would take one fixed split; without ``seesaw``, the two-warpgroup
@@ -244,10 +244,11 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
                q_len=q_len or 1, token_axis=q_len is not None)  # fmt: skip
     device = device_info(q.device)
     config = make_launch_config(mla, device, num_kv_splits)
-    if schedule:
+    if schedule:  # True: the planner's programs; a number: that many
         from jax_decode.launch.planner import hopper_mla_schedule_programs
 
-        config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(mla, device))
+        programs = hopper_mla_schedule_programs(mla, device) if schedule is True else schedule
+        config = dataclasses.replace(config, schedule_programs=programs)
     config = dataclasses.replace(config, hopper_seesaw=seesaw)
     assert config.hopper_mla
     out = torch.empty(mla.out_shape, dtype=q.dtype, device=q.device)
@@ -277,6 +278,25 @@ def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
     merge) on long-tailed lengths."""
     config = _check_planned_launch(num_heads, None, None, schedule=True)
     assert config.schedule_programs > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seesaw", [True, False], ids=["seesaw", "two_warpgroups"])
+@pytest.mark.parametrize("num_heads", [128, 16])
+def test_device_schedule_of_few_programs_matches_oracle_and_jax_equals_torch(num_heads, seesaw):
+    """Four programs per head block, so most rows fall in one program's share: the seesaw
+    writes those to out itself and the merge leaves them alone (the two-warpgroup kernel
+    merges every row)."""
+    from jax_decode.launch.config import HOPPER_MLA_CHUNK_COST
+
+    lengths = [min(max(n, 0), 64 * 20) for n in LENGTHS]
+    costs = [HOPPER_MLA_CHUNK_COST + math.ceil(n / 64) for n in lengths]
+    share = math.ceil(sum(costs) / 4)
+    starts = [sum(costs[:b]) for b in range(len(costs))]
+    whole = [s // share == (s + c - 1) // share for s, c in zip(starts, costs, strict=True)]
+    assert 2 <= sum(whole) < len(lengths)  # rows of one chunk and rows of several
+    config = _check_planned_launch(num_heads, None, None, schedule=4, seesaw=seesaw)
+    assert config.schedule_programs == 4
 
 
 @pytest.mark.gpu

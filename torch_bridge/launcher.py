@@ -206,17 +206,22 @@ class DecodeRun:
         and may share memory with an input, in which case one pass (stage 1 writing
         ``out`` while other programs still read the inputs) gives way to two stages."""
         config, p = self.config, self.config.problem
-        # (config.one_pass implies self.fixed.one_pass: the overlap test runs once, if at all.)
-        shares_memory = self.fixed.one_pass and out_given and _may_overlap(out, ops)
+        # Stage 1 writing out (one pass; rows of one chunk under the seesaw's schedule)
+        # while other programs still read the inputs.  (config.one_pass implies
+        # self.fixed.one_pass: the overlap test runs once, if at all.)
+        writes_out = self.fixed.one_pass or (self.schedule is not None and config.hopper_seesaw)
+        shares_memory = writes_out and out_given and _may_overlap(out, ops)
         one_pass = config.one_pass and not shares_memory
-        if self.gluon is not None and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse):
+        gluon = self.gluon is not None and not (self.schedule is not None and shares_memory)
+        if gluon and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse):
             tensors = dict(q=ops.q, k_cache=ops.k_cache)
             if self.schedule is not None:
                 schedule = out.new_empty(config.schedule_shape, dtype=torch.int32)
                 self.schedule((*operands.schedule_inputs(ops, p), schedule))
                 mid_o, mid_lse = scratch(config, out)
-                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule), mid_o, mid_lse))
-                self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule), out, lse))
+                direct = (out, lse) if config.hopper_seesaw else ()
+                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule), mid_o, mid_lse, *direct))
+                self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, out, lse), out, lse))
                 return
             if one_pass:
                 self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), out, lse))
@@ -232,7 +237,7 @@ class DecodeRun:
             self.stage1((*operands.stage1_inputs(ops, p), out, lse))
             return
         stage1 = self.stage1
-        if shares_memory:  # one split, but out shares memory with an input
+        if shares_memory and self.fixed.one_pass:  # one split, but out shares memory with an input
             if self._stage1_partials is None:
                 self._stage1_partials = StageLauncher(self.fixed.stage1(self.strides, partials=True))
             stage1 = self._stage1_partials

@@ -187,15 +187,16 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
                 device=config.device,
             )[0]
             inputs = (*descriptors, *operands.hopper_stage1_inputs(ops, p, schedule))
-            mid_o, mid_lse = gluon_call(*inputs, launch=launch, out_types=mid_types, device=config.device)
-            return tuple(
-                triton_call(
-                    *operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule),
-                    launch=config.schedule_merge(strides),
-                    out_types=out_types,
-                    device=config.device,
-                )
-            )
+            merge = config.schedule_merge(strides)
+            if not config.hopper_seesaw:  # the two-warpgroup kernel writes partials only
+                mid_o, mid_lse = gluon_call(*inputs, launch=launch, out_types=mid_types, device=config.device)
+                merge_inputs = operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, mid_o, mid_lse)
+                return tuple(triton_call(*merge_inputs, launch=merge, out_types=out_types, device=config.device))
+            # The seesaw writes the rows of one chunk itself; the merge writes the others
+            # into the same out and lse.
+            mid_o, mid_lse, out, lse = gluon_call(*inputs, launch=launch, out_types=(*mid_types, *out_types),
+                                                  device=config.device)  # fmt: skip
+            return _merge_in_place(ops, mid_o, mid_lse, schedule, out, lse, merge, config.device)
         inputs = (*descriptors, *operands.hopper_stage1_inputs(ops, p))
         if config.one_pass:
             return tuple(gluon_call(*inputs, launch=launch, out_types=out_types, device=config.device))
@@ -211,6 +212,22 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
         out_types=out_types,
         device=config.device,
     )
+
+
+def _merge_in_place(ops: operands.DecodeOperands, mid_o, mid_lse, schedule, out, lse, launch: KernelLaunch,
+                    device: DeviceInfo):  # fmt: skip
+    """The scheduled chunks' merge into ``out`` and ``lse`` as stage 1 left them."""
+    if is_jax_triton_04():
+        # Refs are the kernel's in-place outputs; the unread input slots get placeholders.
+        out_ref, lse_ref = jax.new_ref(out), jax.new_ref(lse)
+        inputs = operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, ops.seq_lens, ops.seq_lens)
+        triton_call(*inputs, out_ref, lse_ref, launch=launch, out_types=(), device=device)
+        return jax.freeze(out_ref), jax.freeze(lse_ref)
+    inputs = operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, out, lse)
+    out_types = (jax.ShapeDtypeStruct(out.shape, out.dtype), jax.ShapeDtypeStruct(lse.shape, lse.dtype))
+    # jax_triton 0.3 numbers array operands only: out and lse are the last two of six.
+    return tuple(triton_call(*inputs, launch=launch, out_types=out_types, device=device,
+                             input_output_aliases={4: 0, 5: 1}))  # fmt: skip
 
 
 def write_cache(ops: operands.WriteOperands, problem: WriteProblem, device: DeviceInfo):

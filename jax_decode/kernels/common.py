@@ -73,15 +73,20 @@ def cast_rne(x, DTYPE: tl.constexpr, BY_BITS: tl.constexpr):
 
 
 @triton.jit
-def store_merged(acc, denom, m_safe, out_ptrs, lse_ptr, mask_dv, ROUND_BY_BITS: tl.constexpr):
+def store_merged(acc, denom, m_safe, out_ptrs, lse_ptr, mask_dv, ROUND_BY_BITS: tl.constexpr, row_mask=None):
     """Finish a log-sum-exp merge: ``acc / denom`` to ``out_ptrs`` (rounded to nearest
     even in the output's dtype) and the LSE ``m_safe + log(denom)`` to ``lse_ptr``; with
-    nothing merged (``denom`` 0) zeros and -inf."""
+    nothing merged (``denom`` 0) zeros and -inf.  ``row_mask``: store only where true."""
     has_tokens = denom > 0
-    out = acc / tl.where(has_tokens, denom, 1.0)
-    tl.store(out_ptrs, cast_rne(out, out_ptrs.dtype.element_ty, ROUND_BY_BITS), mask=mask_dv)
+    out = cast_rne(acc / tl.where(has_tokens, denom, 1.0), out_ptrs.dtype.element_ty, ROUND_BY_BITS)
     lse = tl.where(has_tokens, m_safe + tl.log(tl.where(has_tokens, denom, 1.0)), float("-inf"))
-    tl.store(lse_ptr, lse)
+    if row_mask is None:
+        tl.store(out_ptrs, out, mask=mask_dv)
+        tl.store(lse_ptr, lse)
+    else:
+        # (where, not &: the interpreter's & of a tensor and a scalar mask is no mask dtype)
+        tl.store(out_ptrs, out, mask=tl.where(row_mask, mask_dv, False))
+        tl.store(lse_ptr, lse, mask=row_mask)
 
 
 @triton.jit

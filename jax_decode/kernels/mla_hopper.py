@@ -649,6 +649,32 @@ def _seesaw_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRI
 
 
 @gluon.jit
+def _seesaw_store(o, lse, o_ptr, lse_ptr, o_base, lse_base, rows_o, rows_s, cols, STRIDE_OT, STRIDE_OH, STRIDE_LT,
+                  STRIDE_LH, NUM_HEADS: gl.constexpr, Q_LEN: gl.constexpr, WG: gl.constexpr):  # fmt: skip
+    """Store a warpgroup's half of a block's output rows (cast to ``o_ptr``'s dtype) and,
+    from WG 0, their LSE: the real rows only."""
+    o_rows = o_base + _row_offsets(rows_o.to(gl.int64), STRIDE_OT, STRIDE_OH, NUM_HEADS, Q_LEN)
+    gl.store(o_ptr + o_rows[:, None] + cols[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=(rows_o < Q_LEN * NUM_HEADS)[:, None])  # fmt: skip
+    if WG == 0:
+        lse_rows = lse_base + _row_offsets(rows_s, STRIDE_LT, STRIDE_LH, NUM_HEADS, Q_LEN)
+        gl.store(lse_ptr + lse_rows, lse, mask=rows_s < Q_LEN * NUM_HEADS)
+
+
+@gluon.jit
+def _seesaw_whole_row(c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
+                      CHUNK_COST: gl.constexpr):  # fmt: skip
+    """Under the device-side schedule: whether chunk ``c``'s row has no other chunk
+    (its positions within one program's share, the merge's ``count == 1``), and the row."""
+    row = first_row + c
+    per_program = gl.load(schedule_ptr)
+    row_start = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + row)
+    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row), 0), CAPACITY)
+    last = row_start + CHUNK_COST + gl.cdiv(seq_len, 64) - 1
+    return row_start // per_program == last // per_program, row
+
+
+@gluon.jit
 def _seesaw_partition(
     q_desc,
     qr_desc,
@@ -661,6 +687,8 @@ def _seesaw_partition(
     num_pages,
     mid_o_ptr,
     mid_lse_ptr,
+    out_ptr,  # scheduled: rows of one chunk go straight to out and lse
+    lse_ptr,
     STRIDE_PTB: gl.constexpr,
     STRIDE_MOB: gl.constexpr,
     STRIDE_MOT: gl.constexpr,
@@ -679,6 +707,10 @@ def _seesaw_partition(
     NUM_PROGRAMS: gl.constexpr,
     CHUNK_COST: gl.constexpr,
     SCHEDULED: gl.constexpr,
+    STRIDE_OB: gl.constexpr,
+    STRIDE_OH: gl.constexpr,
+    STRIDE_LB: gl.constexpr,
+    STRIDE_LH: gl.constexpr,
     WG: gl.constexpr,
 ):
     """One warpgroup of the seesaw: WG 0 scores even tiles (stage 0) and owns output
@@ -919,14 +951,19 @@ def _seesaw_partition(
         o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
         rows_o = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
         cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-        mo_rows = o_base + _row_offsets(rows_o.to(gl.int64), STRIDE_MOT, STRIDE_MOH, NUM_HEADS, Q_LEN)
-        o = o.to(mid_o_ptr.dtype.element_ty)
-        gl.store(mid_o_ptr + mo_rows[:, None] + cols[None, :], o, mask=(rows_o < Q_LEN * NUM_HEADS)[:, None])
-        if WG == 0:
-            lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
-            rows_s = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
-            ml_rows = lse_base + _row_offsets(rows_s, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN)
-            gl.store(mid_lse_ptr + ml_rows, lse, mask=rows_s < Q_LEN * NUM_HEADS)
+        rows_s = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
+        lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        if SCHEDULED:
+            whole, row = _seesaw_whole_row(c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY, NUM_PROGRAMS, CHUNK_COST)
+            if whole:  # the row's only chunk: the merge leaves it to this store
+                _seesaw_store(o, lse, out_ptr, lse_ptr, row.to(gl.int64) * STRIDE_OB, row.to(gl.int64) * STRIDE_LB,
+                              rows_o, rows_s, cols, 0, STRIDE_OH, 0, STRIDE_LH, NUM_HEADS, 1, WG)  # fmt: skip
+            else:
+                _seesaw_store(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, rows_o, rows_s, cols, STRIDE_MOT,
+                              STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, WG)  # fmt: skip
+        else:
+            _seesaw_store(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, rows_o, rows_s, cols, STRIDE_MOT,
+                          STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, WG)  # fmt: skip
 
 
 @gluon.jit
@@ -944,17 +981,18 @@ def _seesaw_call(args, consts: gl.constexpr, WG: gl.constexpr):
     # The constexprs travel apart from the tensors: inside a partition's argument tuple
     # they would arrive as runtime values.
     (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-     mid_lse_ptr) = args  # fmt: skip
+     mid_lse_ptr, out_ptr, lse_ptr) = args  # fmt: skip
     _seesaw_partition(
         q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-        mid_lse_ptr, consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6], consts[7], consts[8],
-        consts[9], consts[10], consts[11], consts[12], consts[13], consts[14], consts[15], consts[16], consts[17], WG,
+        mid_lse_ptr, out_ptr, lse_ptr, consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6],
+        consts[7], consts[8], consts[9], consts[10], consts[11], consts[12], consts[13], consts[14], consts[15],
+        consts[16], consts[17], consts[18], consts[19], consts[20], consts[21], WG,
     )  # fmt: skip
 
 
 @gluon.jit
 def _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-                mid_lse_ptr, consts):  # fmt: skip
+                mid_lse_ptr, out_ptr, lse_ptr, consts):  # fmt: skip
     """Allocate the seesaw's shared memory and barriers and run its two warpgroups
     (warpgroup 0 the kernel's own 4 warps, warpgroup 1 a 4-warp worker partition)."""
     BLOCK_H: gl.constexpr = 64
@@ -985,7 +1023,7 @@ def _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, 
     fence_async_shared()
     smem = (q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, s_m0, s_m1, s_l, q_bar, full, xbars)
     args = (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-            mid_lse_ptr)  # fmt: skip
+            mid_lse_ptr, out_ptr, lse_ptr)  # fmt: skip
     gl.warp_specialize([(_seesaw_default, (args, consts)), (_seesaw_worker, (args, consts))], [4], [248])
 
 
@@ -1021,9 +1059,9 @@ def _mla_stage1_hopper_seesaw(
     outputs as _mla_stage1_hopper; its descriptors with [64, 256] latent blocks."""
     consts: gl.constexpr = (STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLT,
                             STRIDE_MLH, STRIDE_MLS, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, Q_LEN, 1,
-                            0, False)  # fmt: skip
+                            0, False, 0, 0, 0, 0)  # fmt: skip
     _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, seq_lens_ptr, num_pages, mid_o_ptr,
-                mid_lse_ptr, consts)  # fmt: skip
+                mid_lse_ptr, mid_o_ptr, mid_lse_ptr, consts)  # fmt: skip
 
 
 @gluon.jit
@@ -1039,6 +1077,8 @@ def _mla_stage1_hopper_seesaw_scheduled(
     batch,  # int (the schedule's; unused here)
     mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads, head_dim_v], contiguous: partials by slot
     mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads], contiguous
+    out_ptr,  # [batch, num_heads, head_dim_v], q's dtype: the rows of one chunk
+    lse_ptr,  # f32 [batch, num_heads]
     STRIDE_PTB: gl.constexpr,
     SM_SCALE: gl.constexpr,
     NUM_HEADS: gl.constexpr,
@@ -1046,11 +1086,17 @@ def _mla_stage1_hopper_seesaw_scheduled(
     CAPACITY: gl.constexpr,
     NUM_PROGRAMS: gl.constexpr,
     CHUNK_COST: gl.constexpr,
+    STRIDE_OB: gl.constexpr,
+    STRIDE_OH: gl.constexpr,
+    STRIDE_LB: gl.constexpr,
+    STRIDE_LH: gl.constexpr,
 ):
     """The seesaw under the device-side schedule: _mla_stage1_hopper_scheduled's
     contract (grid ``(cdiv(num_heads, 64), NUM_PROGRAMS)``, chunk ``(p, b)`` to slot
-    ``b + p``), launched with num_warps=4 and [64, 256] latent blocks."""
+    ``b + p``), launched with num_warps=4 and [64, 256] latent blocks -- except that a
+    row the schedule gives one chunk goes straight to ``out`` and ``lse``, normalised
+    (the merge, run with ``SKIP_WHOLE``, leaves those rows alone)."""
     consts: gl.constexpr = (STRIDE_PTB, 0, 0, 512, 0, 0, 0, 1, 0, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, 1, 1,
-                            NUM_PROGRAMS, CHUNK_COST, True)  # fmt: skip
+                            NUM_PROGRAMS, CHUNK_COST, True, STRIDE_OB, STRIDE_OH, STRIDE_LB, STRIDE_LH)  # fmt: skip
     _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-                mid_lse_ptr, consts)  # fmt: skip
+                mid_lse_ptr, out_ptr, lse_ptr, consts)  # fmt: skip

@@ -20,6 +20,9 @@ block that share the batch's work equally, cut from the prefix sum of ``seq_lens
   chunk ``(p, b)``'s normalised output and LSE to slot ``b + p`` of the partial
   buffers (unique: programs take rows in order), ``batch + NUM_PROGRAMS`` slots in all.
 * :func:`_schedule_merge` merges row ``b``'s slots ``b + first_p(b) .. b + last_p(b)``.
+  With ``SKIP_WHOLE`` it leaves alone the rows of one chunk (``first_p(b) ==
+  last_p(b)``), which the stage 1 that runs with it wrote to ``out`` and ``lse``
+  itself: a uniform batch whose rows fall into the shares whole needs no merge.
 
 :func:`_work_schedule` writes, as int32 (``1 + 2 * NUM_PROGRAMS + batch`` of them):
 ``W``; for each program its first row (the number of rows that end at or before its
@@ -98,6 +101,8 @@ def _schedule_merge(
     mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads]
     schedule_ptr,  # int32, from _work_schedule
     seq_lens_ptr,  # int32 [batch]
+    out_in_ptr,  # out and lse as inputs (see jax_decode.operands.schedule_merge_inputs): never read
+    lse_in_ptr,
     out_ptr,  # [batch, num_heads, head_dim_v], q's dtype
     lse_ptr,  # f32 [batch, num_heads], natural log
     STRIDE_MOS: tl.constexpr,
@@ -116,6 +121,7 @@ def _schedule_merge(
     NUM_PROGRAMS: tl.constexpr,
     BLOCK_S: tl.constexpr,  # next_power_of_2(NUM_PROGRAMS): a row has at most that many chunks
     ROUND_BY_BITS: tl.constexpr,
+    SKIP_WHOLE: tl.constexpr,  # rows of one chunk are stage 1's to write
 ):
     """Merge the chunks of one (batch row, head) by log-sum-exp, as ``_decode_stage2``
     merges splits; chunks with no token weigh 0, a row with none gets zeros and -inf."""
@@ -126,6 +132,10 @@ def _schedule_merge(
     seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
     first = row_start // per_program
     count = (row_start + CHUNK_COST + tl.cdiv(seq_len, BLOCK_N) - 1) // per_program - first + 1
+    row_mask = None
+    if SKIP_WHOLE:
+        row_mask = count > 1
+        count = tl.where(row_mask, count, 0)  # nothing read for a row of one chunk
     slot = batch_idx + first
 
     offs_s = tl.arange(0, BLOCK_S)
@@ -144,4 +154,4 @@ def _schedule_merge(
 
     out_ptrs = out_ptr + batch_idx * STRIDE_OB + head * STRIDE_OH + offs_dv
     store_merged(acc, denom, m_safe, out_ptrs, lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, mask_dv,
-                 ROUND_BY_BITS)  # fmt: skip
+                 ROUND_BY_BITS, row_mask)  # fmt: skip

@@ -294,6 +294,9 @@ class LaunchConfig:
             NUM_PROGRAMS=self.schedule_programs,
             BLOCK_S=next_power_of_2(self.schedule_programs),
             ROUND_BY_BITS=self.device.vendor == "cpu",
+            # The seesaw writes rows of one chunk to out itself (and the portable
+            # stand-in of a scheduled config runs fixed splits, never this merge).
+            SKIP_WHOLE=self.hopper_seesaw,
         )
         return KernelLaunch("schedule_merge", (p.batch, p.num_heads, 1), self.stage2_num_warps, 1, tuple(meta.items()))
 
@@ -318,7 +321,8 @@ class LaunchConfig:
     def hopper_stage1(self, strides: KernelStrides) -> KernelLaunch:
         """The Gluon MLA stage 1 (``hopper_mla`` configs, operands ``tma_ready``): under the
         device-side schedule ``schedule_programs`` programs per 64 query heads writing
-        chunk partials (merged by :meth:`schedule_merge`); with fixed splits one program
+        chunk partials (merged by :meth:`schedule_merge`; the seesaw writes a row of one
+        chunk to ``out`` and ``lse`` itself, after the partials); with fixed splits one program
         per 64 query heads x split x batch row, writing stage 2's mid_o / mid_lse, or with
         one split ``out`` and ``lse`` themselves."""
         assert self.hopper_mla and self.tma_ready(strides)
@@ -349,12 +353,16 @@ class LaunchConfig:
                 CHUNK_COST=HOPPER_MLA_CHUNK_COST,
             )
             assert p.q_len == 1, "the device-side schedule takes one query token"
-            if not seesaw:
-                meta.update(NUM_STAGES=2, PIPELINE=1)
             params = (
                 *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("schedule_ptr", "*i32"),
                 ("num_pages", "i32"), ("batch", "i32"), ("mid_o_ptr", "*fp32"), ("mid_lse_ptr", "*fp32"),
             )  # fmt: skip
+            if seesaw:  # rows of one chunk go straight to out and lse
+                params += (("out_ptr", _POINTER[p.dtype]), ("lse_ptr", "*fp32"))
+                meta.update(STRIDE_OB=strides.out[0], STRIDE_OH=strides.out[1], STRIDE_LB=strides.lse[0],
+                            STRIDE_LH=strides.lse[1])  # fmt: skip
+            else:
+                meta.update(NUM_STAGES=2, PIPELINE=1)
             grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), self.schedule_programs, 1)
             name, warps = ("mla_hopper_seesaw_scheduled", 4) if seesaw else ("mla_hopper_scheduled", 8)
             return KernelLaunch(name, grid, warps, 1, tuple(meta.items()), params, tma)

@@ -176,7 +176,7 @@ HOPPER_MLA_PROGRAMS = {
     "mla_hopper": (256, 235, 229912),  # two warpgroups in lock step (the baseline)
     "mla_hopper_scheduled": (256, 235, 229912),  # the same under the device-side schedule
     "mla_hopper_seesaw": (256, 255, 231468),  # warp-specialised (fixed splits)
-    "mla_hopper_seesaw_scheduled": (256, 255, 231468),  # (the device-side schedule)
+    "mla_hopper_seesaw_scheduled": (256, 255, 231484),  # (the device-side schedule)
 }
 
 
