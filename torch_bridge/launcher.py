@@ -209,18 +209,18 @@ class DecodeRun:
         # Stage 1 writing out (one pass; rows of one chunk under the seesaw's schedule)
         # while other programs still read the inputs.  (config.one_pass implies
         # self.fixed.one_pass: the overlap test runs once, if at all.)
-        writes_out = self.fixed.one_pass or (self.schedule is not None and config.hopper_seesaw)
-        shares_memory = writes_out and out_given and _may_overlap(out, ops)
+        direct = self.schedule is not None and config.hopper_seesaw
+        shares_memory = (self.fixed.one_pass or direct) and out_given and _may_overlap(out, ops)
         one_pass = config.one_pass and not shares_memory
-        gluon = self.gluon is not None and not (self.schedule is not None and shares_memory)
+        gluon = self.gluon is not None and not (direct and shares_memory)
         if gluon and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse):
             tensors = dict(q=ops.q, k_cache=ops.k_cache)
             if self.schedule is not None:
                 schedule = out.new_empty(config.schedule_shape, dtype=torch.int32)
                 self.schedule((*operands.schedule_inputs(ops, p), schedule))
                 mid_o, mid_lse = scratch(config, out)
-                direct = (out, lse) if config.hopper_seesaw else ()
-                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule), mid_o, mid_lse, *direct))
+                written = (out, lse) if direct else ()
+                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule), mid_o, mid_lse, *written))
                 self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, out, lse), out, lse))
                 return
             if one_pass:

@@ -48,12 +48,17 @@ Copying each tile in 64/128/256-column chunks on their own barriers, with the sc
 issued chunk by chunk, was measured 5-15% slower (docs/experiments.md).
 
 ``_mla_stage1_hopper_seesaw`` (below) is that seesaw, and what the launch config runs
-for one query token (``_mla_stage1_hopper_seesaw_scheduled`` under the device-side
-schedule); the kernel above keeps several query tokens.  The two warpgroups take
-alternate tiles and split the output columns; each K tile arrives in three parts
-(rope, left and right half of the latent), each refilled for the tile two ahead as
-soon as the last product that reads it has retired (``_seesaw_partition`` has the
-schedule).  231,468 bytes of shared memory, 255 registers, no spills (triton 3.6).  On
+(``_mla_stage1_hopper_seesaw_scheduled`` under the device-side schedule); the kernel
+above is the baseline the tests and benchmarks hold it against
+(``LaunchConfig.hopper_seesaw=False``).  The two warpgroups take alternate tiles and
+split the output columns; each K tile arrives in three parts (rope, left and right
+half of the latent), each refilled for the tile two ahead as soon as the last product
+that reads it has retired (``_seesaw_partition`` has the schedule).  Its rows are
+(token, head) pairs as below, so several query tokens run on it too.  Under the
+schedule a program starts its next chunk's copies as soon as both warpgroups are done
+with the current chunk's tiles, and a row the schedule gives one chunk is written to
+``out`` and ``lse`` directly.  231,468 bytes of shared memory (231,484 scheduled), 255
+registers, no spills (triton 3.6).  On
 the H100, b64 ctx4k 150.7 us against 178.7 for the kernel above and 131.5 for FlashMLA
 in the same run; b128 ctx1k 109.4 against 120.4 and 77.2 (docs/performance.md).
 
@@ -85,9 +90,9 @@ Several query tokens (``Q_LEN > 1``, fixed splits only): a program's 64 rows are
 causal limit ``seq_len - Q_LEN + token + 1``; the K tiles are shared by all of them.
 
 ``_mla_stage1_hopper_scheduled`` runs the same chunk code (``_attend_chunk``) under the
-device-side schedule of :mod:`jax_decode.kernels.schedule`: one wave of programs per
-head block, each attending in turn to the chunks of its share of the batch's work and
-writing them by slot for ``_schedule_merge``.  The shared memory is allocated once per
+device-side schedule of :mod:`jax_decode.kernels.schedule`: about one wave of programs
+per head block, each attending in turn to the chunks of its share of the batch's work
+and writing them by slot for ``_schedule_merge``.  The shared memory is allocated once per
 program; the barriers are set up and retired per chunk.
 """
 
