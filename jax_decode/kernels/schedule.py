@@ -122,44 +122,36 @@ def _schedule_merge(
     BLOCK_S: tl.constexpr,  # next_power_of_2(NUM_PROGRAMS): a row has at most that many chunks
     ROUND_BY_BITS: tl.constexpr,
     SKIP_WHOLE: tl.constexpr,  # rows of one chunk are stage 1's to write
-    NUM_HEADS: tl.constexpr,
-    BLOCK_HM: tl.constexpr,  # heads per program
 ):
-    """Merge the chunks of one batch row's block of BLOCK_HM heads by log-sum-exp, as
-    ``_decode_stage2`` merges splits; chunks with no token weigh 0, a row with none
-    gets zeros and -inf.  (A block of heads, not one: with SKIP_WHOLE most programs of
-    a uniform batch only find that there is nothing to do, and fewer of them do that
-    sooner.)"""
+    """Merge the chunks of one (batch row, head) by log-sum-exp, as ``_decode_stage2``
+    merges splits; chunks with no token weigh 0, a row with none gets zeros and -inf."""
     batch_idx = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_HM + tl.arange(0, BLOCK_HM)
-    mask_h = heads < NUM_HEADS
+    head = tl.program_id(1)
     per_program = tl.load(schedule_ptr)
     row_start = tl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + batch_idx)
     seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
     first = row_start // per_program
     count = (row_start + CHUNK_COST + tl.cdiv(seq_len, BLOCK_N) - 1) // per_program - first + 1
-    row_mask = mask_h[:, None]
+    row_mask = None
     if SKIP_WHOLE:
-        row_mask = tl.where(count > 1, row_mask, False)  # (& of a tensor and a scalar mask breaks the interpreter)
-        count = tl.where(count > 1, count, 0)  # nothing read for a row of one chunk
+        row_mask = count > 1
+        count = tl.where(row_mask, count, 0)  # nothing read for a row of one chunk
     slot = batch_idx + first
 
     offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, BLOCK_DV)
     mask_dv = offs_dv < HEAD_DIM_V
-    lse_rows = mid_lse_ptr + slot * STRIDE_MLS + heads * STRIDE_MLH  # [BLOCK_HM]
-    chunk_lse = tl.load(lse_rows[None, :] + offs_s[:, None] * STRIDE_MLS,
-                        mask=(offs_s < count)[:, None] & mask_h[None, :], other=float("-inf"))  # fmt: skip
+    lse_row = mid_lse_ptr + slot * STRIDE_MLS + head * STRIDE_MLH
+    chunk_lse = tl.load(lse_row + offs_s * STRIDE_MLS, mask=offs_s < count, other=float("-inf"))
     m = tl.max(chunk_lse, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    denom = tl.sum(tl.exp(chunk_lse - m_safe[None, :]), 0)
-    o_rows = mid_o_ptr + slot * STRIDE_MOS + heads[:, None] * STRIDE_MOH + offs_dv[None, :]
-    mask_o = mask_h[:, None] & mask_dv[None, :]
-    acc = tl.zeros([BLOCK_HM, BLOCK_DV], dtype=tl.float32)
+    denom = tl.sum(tl.exp(chunk_lse - m_safe), 0)
+    o_row = mid_o_ptr + slot * STRIDE_MOS + head * STRIDE_MOH
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     for chunk in range(count):
-        weight = tl.exp(tl.load(lse_rows + chunk * STRIDE_MLS, mask=mask_h, other=float("-inf")) - m_safe)
-        acc += weight[:, None] * tl.load(o_rows + chunk * STRIDE_MOS, mask=mask_o, other=0.0)
+        weight = tl.exp(tl.load(lse_row + chunk * STRIDE_MLS) - m_safe)
+        acc += weight * tl.load(o_row + chunk * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
 
-    out_ptrs = out_ptr + batch_idx * STRIDE_OB + heads[:, None] * STRIDE_OH + offs_dv[None, :]
-    lse_ptrs = lse_ptr + batch_idx * STRIDE_LB + heads[:, None] * STRIDE_LH
-    store_merged(acc, denom[:, None], m_safe[:, None], out_ptrs, lse_ptrs, mask_dv[None, :], ROUND_BY_BITS, row_mask)
+    out_ptrs = out_ptr + batch_idx * STRIDE_OB + head * STRIDE_OH + offs_dv
+    store_merged(acc, denom, m_safe, out_ptrs, lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, mask_dv,
+                 ROUND_BY_BITS, row_mask)  # fmt: skip

@@ -27,10 +27,6 @@ HOPPER_MLA_TILE = 64
 # The device-side schedule's fixed cost of starting a row's chunk (loading Q, filling
 # the pipeline, writing a partial result), in 64-token tiles; FlashMLA uses 5 too.
 HOPPER_MLA_CHUNK_COST = 5
-# Heads per program of the schedule's merge: a uniform batch under the seesaw has few
-# rows to merge, and 64 x 128 one-head programs that find nothing to do took 9 us on
-# an H100 (DeepSeek-V3 b64 ctx4k).
-SCHEDULE_MERGE_HEADS = 16
 _POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 Variant = Literal["mha", "grouped"]
@@ -301,11 +297,8 @@ class LaunchConfig:
             # The seesaw writes rows of one chunk to out itself (and the portable
             # stand-in of a scheduled config runs fixed splits, never this merge).
             SKIP_WHOLE=self.hopper_seesaw,
-            NUM_HEADS=p.num_heads,
-            BLOCK_HM=SCHEDULE_MERGE_HEADS,
         )
-        grid = (p.batch, cdiv(p.num_heads, SCHEDULE_MERGE_HEADS), 1)
-        return KernelLaunch("schedule_merge", grid, self.stage2_num_warps, 1, tuple(meta.items()))
+        return KernelLaunch("schedule_merge", (p.batch, p.num_heads, 1), self.stage2_num_warps, 1, tuple(meta.items()))
 
     def tma_ready(self, strides: KernelStrides) -> bool:
         """Whether q and the cache are row views a TMA descriptor can address: q's rows
