@@ -200,6 +200,8 @@ class DecodeRun:
             if config.schedule_programs:
                 self.schedule = StageLauncher(config.schedule())
                 self.merge = StageLauncher(config.schedule_merge(strides))
+        # The seesaw's scheduled stage 1 writes the rows of one chunk to out itself.
+        self.direct = self.schedule is not None and config.hopper_seesaw
 
     def __call__(self, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse, out_given: bool = True) -> None:
         """Launch on ``ops`` into ``out``/``lse``.  ``out_given``: ``out`` is the caller's
@@ -209,7 +211,7 @@ class DecodeRun:
         # Stage 1 writing out (one pass; rows of one chunk under the seesaw's schedule)
         # while other programs still read the inputs.  (config.one_pass implies
         # self.fixed.one_pass: the overlap test runs once, if at all.)
-        direct = self.schedule is not None and config.hopper_seesaw
+        direct = self.direct
         shares_memory = (self.fixed.one_pass or direct) and out_given and _may_overlap(out, ops)
         one_pass = config.one_pass and not shares_memory
         gluon = self.gluon is not None and not (direct and shares_memory)

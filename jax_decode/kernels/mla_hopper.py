@@ -958,14 +958,13 @@ def _seesaw_partition(
         cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
         rows_s = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
         lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        whole: gl.constexpr = False  # fixed splits: every chunk is a split, stage 2 merges
         if SCHEDULED:
+            # (Read back here rather than kept from _seesaw_chunk: no register is spare.)
             whole, row = _seesaw_whole_row(c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY, NUM_PROGRAMS, CHUNK_COST)
-            if whole:  # the row's only chunk: the merge leaves it to this store
-                _seesaw_store(o, lse, out_ptr, lse_ptr, row.to(gl.int64) * STRIDE_OB, row.to(gl.int64) * STRIDE_LB,
-                              rows_o, rows_s, cols, 0, STRIDE_OH, 0, STRIDE_LH, NUM_HEADS, 1, WG)  # fmt: skip
-            else:
-                _seesaw_store(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, rows_o, rows_s, cols, STRIDE_MOT,
-                              STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, WG)  # fmt: skip
+        if whole:  # the row's only chunk: the merge leaves it to this store
+            _seesaw_store(o, lse, out_ptr, lse_ptr, row.to(gl.int64) * STRIDE_OB, row.to(gl.int64) * STRIDE_LB,
+                          rows_o, rows_s, cols, 0, STRIDE_OH, 0, STRIDE_LH, NUM_HEADS, 1, WG)  # fmt: skip
         else:
             _seesaw_store(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, rows_o, rows_s, cols, STRIDE_MOT,
                           STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, WG)  # fmt: skip
