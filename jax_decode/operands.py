@@ -86,7 +86,7 @@ def schedule_merge_inputs(ops: DecodeOperands, mid_o, mid_lse, schedule, out_in,
     ``lse_in``: ``out`` and ``lse`` as stage 1 left them (the rows it wrote itself; the
     same buffers, which jax_triton 0.3 aliases to the outputs), or any array where the
     frontend passes ``out`` and ``lse`` in place; the kernel never reads them."""
-    return (mid_o, mid_lse, schedule, ops.seq_lens, out_in, lse_in)
+    return (mid_o, mid_lse, schedule, out_in, lse_in)
 
 
 def stage2_inputs(ops: DecodeOperands, mid_o, mid_lse) -> tuple:

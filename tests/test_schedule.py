@@ -96,7 +96,8 @@ def test_schedule_kernel_follows_the_rule(name, num_sms):
     got = _run_schedule(config, seq_lens)
     per, first_rows, end_rows, starts, chunks = expected_schedule(seq_lens, capacity, programs,
                                                                   HOPPER_MLA_CHUNK_COST)  # fmt: skip
-    assert got == [per, *first_rows, *end_rows, *starts]
+    counts = [sum(b == row for mine in chunks for row, _, _ in mine) for b in range(len(seq_lens))]
+    assert got == [per, *first_rows, *end_rows, *(x for pair in zip(starts, counts) for x in pair)]
 
     # What the rule guarantees: every tile of every row in exactly one chunk; no program
     # over W positions; every row in at least one chunk; one slot per chunk.
@@ -143,7 +144,8 @@ def _partials(q, latent, lo, hi, sm_scale):
 
 @pytest.mark.parametrize("seesaw", [True, False], ids=["seesaw", "two_warpgroups"])
 @pytest.mark.parametrize("name", ["long tail", "one long", "empty rows", "uniform"])
-def test_merge_of_scheduled_chunks_matches_the_oracle(name, seesaw):
+@pytest.mark.parametrize("heads", [4, 20], ids=["4heads", "20heads"])  # one block of heads; a partial second
+def test_merge_of_scheduled_chunks_matches_the_oracle(name, seesaw, heads):
     """The merge after stage 1 as the Gluon kernel cuts it: every chunk's partial, or
     under the seesaw a row of one chunk written to out by stage 1 itself (which the
     merge must leave alone)."""
@@ -154,7 +156,7 @@ def test_merge_of_scheduled_chunks_matches_the_oracle(name, seesaw):
     from jax_decode.operands import DecodeOperands, schedule_merge_inputs
 
     seq_lens = LENGTH_SETS[name]
-    batch, heads = len(seq_lens), 4
+    batch = len(seq_lens)
     config = dataclasses.replace(_config(batch, num_heads=heads, num_sms=5), hopper_seesaw=seesaw)
     p = config.problem
     programs = config.schedule_programs

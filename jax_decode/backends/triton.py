@@ -225,9 +225,10 @@ def _merge_in_place(ops: operands.DecodeOperands, mid_o, mid_lse, schedule, out,
         return jax.freeze(out_ref), jax.freeze(lse_ref)
     inputs = operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, out, lse)
     out_types = (jax.ShapeDtypeStruct(out.shape, out.dtype), jax.ShapeDtypeStruct(lse.shape, lse.dtype))
-    # jax_triton 0.3 numbers array operands only: out and lse are the last two of six.
+    # jax_triton 0.3 numbers array operands only (all of them are): out and lse are the last two.
+    last = len(inputs) - 1
     return tuple(triton_call(*inputs, launch=launch, out_types=out_types, device=device,
-                             input_output_aliases={4: 0, 5: 1}))  # fmt: skip
+                             input_output_aliases={last - 1: 0, last: 1}))  # fmt: skip
 
 
 def write_cache(ops: operands.WriteOperands, problem: WriteProblem, device: DeviceInfo):

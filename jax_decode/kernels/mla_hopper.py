@@ -494,7 +494,7 @@ def _mla_stage1_hopper_scheduled(
         head_block = gl.program_id(0)
         program = gl.program_id(1)
         per_program = gl.load(schedule_ptr)
-        row_start = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + row)
+        row_start = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * row)
         row64 = row.to(gl.int64)
         seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row64), 0), CAPACITY)
         tiles = gl.cdiv(seq_len, 64)
@@ -630,7 +630,7 @@ def _seesaw_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRI
         program = gl.program_id(1)
         seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row), 0), CAPACITY)
         tiles = gl.cdiv(seq_len, 64)
-        first_pos = program * gl.load(schedule_ptr) - gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + row) - CHUNK_COST
+        first_pos = program * gl.load(schedule_ptr) - gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * row) - CHUNK_COST
         tile_lo = gl.minimum(gl.maximum(first_pos, 0), tiles)
         tile_hi = gl.minimum(gl.maximum(first_pos + gl.load(schedule_ptr), 0), tiles)
         start = tile_lo * 64
@@ -667,16 +667,11 @@ def _seesaw_store(o, lse, o_ptr, lse_ptr, o_base, lse_base, rows_o, rows_s, cols
 
 
 @gluon.jit
-def _seesaw_whole_row(c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
-                      CHUNK_COST: gl.constexpr):  # fmt: skip
+def _seesaw_whole_row(c, first_row, schedule_ptr, NUM_PROGRAMS: gl.constexpr):
     """Under the device-side schedule: whether chunk ``c``'s row has no other chunk
-    (its positions within one program's share, the merge's ``count == 1``), and the row."""
+    (the schedule's ``n_b == 1``, which the merge skips), and the row."""
     row = first_row + c
-    per_program = gl.load(schedule_ptr)
-    row_start = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + row)
-    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row), 0), CAPACITY)
-    last = row_start + CHUNK_COST + gl.cdiv(seq_len, 64) - 1
-    return row_start // per_program == last // per_program, row
+    return gl.load(schedule_ptr + 2 + 2 * NUM_PROGRAMS + 2 * row) == 1, row
 
 
 @gluon.jit
@@ -961,7 +956,7 @@ def _seesaw_partition(
         whole: gl.constexpr = False  # fixed splits: every chunk is a split, stage 2 merges
         if SCHEDULED:
             # (Read back here rather than kept from _seesaw_chunk: no register is spare.)
-            whole, row = _seesaw_whole_row(c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY, NUM_PROGRAMS, CHUNK_COST)
+            whole, row = _seesaw_whole_row(c, first_row, schedule_ptr, NUM_PROGRAMS)
         if whole:  # the row's only chunk: the merge leaves it to this store
             _seesaw_store(o, lse, out_ptr, lse_ptr, row.to(gl.int64) * STRIDE_OB, row.to(gl.int64) * STRIDE_LB,
                           rows_o, rows_s, cols, 0, STRIDE_OH, 0, STRIDE_LH, NUM_HEADS, 1, WG)  # fmt: skip

@@ -24,13 +24,14 @@ block that share the batch's work equally, cut from the prefix sum of ``seq_lens
   last_p(b)``), which the stage 1 that runs with it wrote to ``out`` and ``lse``
   itself: a uniform batch whose rows fall into the shares whole needs no merge.
 
-:func:`_work_schedule` writes, as int32 (``1 + 2 * NUM_PROGRAMS + batch`` of them):
+:func:`_work_schedule` writes, as int32 (``1 + 2 * NUM_PROGRAMS + 2 * batch`` of them):
 ``W``; for each program its first row (the number of rows that end at or before its
 first position); for each program one past its last row (the number of rows that
-start before its last position); for each row ``S_b``.  (A program's loop holds only
-its row: everything else is read back per chunk, as registers are what the Gluon
-kernel has least of.)  The launch config keeps
-``batch * (CHUNK_COST + cdiv(CAPACITY, BLOCK_N))`` below 2**31.
+start before its last position); for each row the pair ``S_b``, ``n_b = last_p(b) -
+first_p(b) + 1`` (its number of chunks: one place decides which rows stage 1 writes
+whole and the merge skips).  (A program's loop holds only its row: everything else is
+read back per chunk, as registers are what the Gluon kernel has least of.)  The launch
+config keeps ``batch * (CHUNK_COST + cdiv(CAPACITY, BLOCK_N))`` below 2**31.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _row_costs(seq_lens_ptr, rows, batch, CAPACITY: tl.constexpr, BLOCK_N: tl.co
 def _work_schedule(
     seq_lens_ptr,  # int32 [batch]
     batch,  # int
-    schedule_ptr,  # int32 [1 + 2 * NUM_PROGRAMS + batch], written
+    schedule_ptr,  # int32 [1 + 2 * NUM_PROGRAMS + 2 * batch], written
     CAPACITY: tl.constexpr,  # max_pages * page_size
     BLOCK_N: tl.constexpr,  # tokens per tile
     CHUNK_COST: tl.constexpr,
@@ -63,12 +64,12 @@ def _work_schedule(
 ):
     """The schedule of the module docstring; one program."""
     offs_b = tl.arange(0, BLOCK_B)
-    row_starts = schedule_ptr + 1 + 2 * NUM_PROGRAMS
+    row_info = schedule_ptr + 1 + 2 * NUM_PROGRAMS  # (S_b, n_b) pairs
     total = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int32), 0)
     for b0 in range(0, batch, BLOCK_B):
         rows = b0 + offs_b
         cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST)
-        tl.store(row_starts + rows, total + tl.cumsum(cost, 0) - cost, mask=rows < batch)
+        tl.store(row_info + 2 * rows, total + tl.cumsum(cost, 0) - cost, mask=rows < batch)
         total += tl.sum(cost, 0)
     per_program = tl.cdiv(total, NUM_PROGRAMS)
     tl.store(schedule_ptr, per_program)
@@ -85,6 +86,8 @@ def _work_schedule(
         rows = b0 + offs_b
         cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST)
         row_end = ends + tl.cumsum(cost, 0)
+        chunks = (row_end - 1) // per_program - (row_end - cost) // per_program + 1
+        tl.store(row_info + 2 * rows + 1, chunks, mask=rows < batch)
         # Bins run to NUM_PROGRAMS; rows past the batch go to the last bin, past it.
         ended += tl.histogram(tl.where(rows < batch, tl.cdiv(row_end, per_program), BLOCK_P - 1), BLOCK_P)
         started += tl.histogram(tl.where(rows < batch, (row_end - cost) // per_program, BLOCK_P - 1), BLOCK_P)
@@ -100,7 +103,6 @@ def _schedule_merge(
     mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads, head_dim_v]: chunk partials by slot
     mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads]
     schedule_ptr,  # int32, from _work_schedule
-    seq_lens_ptr,  # int32 [batch]
     out_in_ptr,  # out and lse as inputs (see jax_decode.operands.schedule_merge_inputs): never read
     lse_in_ptr,
     out_ptr,  # [batch, num_heads, head_dim_v], q's dtype
@@ -113,45 +115,46 @@ def _schedule_merge(
     STRIDE_OH: tl.constexpr,
     STRIDE_LB: tl.constexpr,
     STRIDE_LH: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
+    BLOCK_HM: tl.constexpr,  # heads per program
     BLOCK_DV: tl.constexpr,
-    CAPACITY: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CHUNK_COST: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     BLOCK_S: tl.constexpr,  # next_power_of_2(NUM_PROGRAMS): a row has at most that many chunks
     ROUND_BY_BITS: tl.constexpr,
     SKIP_WHOLE: tl.constexpr,  # rows of one chunk are stage 1's to write
 ):
-    """Merge the chunks of one (batch row, head) by log-sum-exp, as ``_decode_stage2``
-    merges splits; chunks with no token weigh 0, a row with none gets zeros and -inf."""
+    """Merge the chunks of one batch row's block of ``BLOCK_HM`` heads by log-sum-exp,
+    as ``_decode_stage2`` merges splits; chunks with no token weigh 0, a row with none
+    gets zeros and -inf.  (A block of heads per program, not one head: with
+    ``SKIP_WHOLE`` most programs of a uniform batch find only that there is nothing to
+    do, and fewer programs find it sooner.)"""
     batch_idx = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    per_program = tl.load(schedule_ptr)
-    row_start = tl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + batch_idx)
-    seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
-    first = row_start // per_program
-    count = (row_start + CHUNK_COST + tl.cdiv(seq_len, BLOCK_N) - 1) // per_program - first + 1
-    row_mask = None
+    heads = tl.program_id(1) * BLOCK_HM + tl.arange(0, BLOCK_HM)
+    mask_h = heads < NUM_HEADS
+    row_info = schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * batch_idx
+    count = tl.load(row_info + 1)
+    merges = count > 0  # every row has a chunk
     if SKIP_WHOLE:
-        row_mask = count > 1
-        count = tl.where(row_mask, count, 0)  # nothing read for a row of one chunk
-    slot = batch_idx + first
-
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_dv = offs_dv < HEAD_DIM_V
-    lse_row = mid_lse_ptr + slot * STRIDE_MLS + head * STRIDE_MLH
-    chunk_lse = tl.load(lse_row + offs_s * STRIDE_MLS, mask=offs_s < count, other=float("-inf"))
-    m = tl.max(chunk_lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    denom = tl.sum(tl.exp(chunk_lse - m_safe), 0)
-    o_row = mid_o_ptr + slot * STRIDE_MOS + head * STRIDE_MOH
-    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    for chunk in range(count):
-        weight = tl.exp(tl.load(lse_row + chunk * STRIDE_MLS) - m_safe)
-        acc += weight * tl.load(o_row + chunk * STRIDE_MOS + offs_dv, mask=mask_dv, other=0.0)
-
-    out_ptrs = out_ptr + batch_idx * STRIDE_OB + head * STRIDE_OH + offs_dv
-    store_merged(acc, denom, m_safe, out_ptrs, lse_ptr + batch_idx * STRIDE_LB + head * STRIDE_LH, mask_dv,
-                 ROUND_BY_BITS, row_mask)  # fmt: skip
+        merges = count > 1
+    if merges:
+        slot = batch_idx + tl.load(row_info) // tl.load(schedule_ptr)  # b + first_p(b)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask_dv = offs_dv < HEAD_DIM_V
+        lse_rows = mid_lse_ptr + slot * STRIDE_MLS + heads * STRIDE_MLH  # [BLOCK_HM]
+        chunk_lse = tl.load(lse_rows[None, :] + offs_s[:, None] * STRIDE_MLS,
+                            mask=(offs_s < count)[:, None] & mask_h[None, :], other=float("-inf"))  # fmt: skip
+        m = tl.max(chunk_lse, 0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        denom = tl.sum(tl.exp(chunk_lse - m_safe[None, :]), 0)
+        o_rows = mid_o_ptr + slot * STRIDE_MOS + heads[:, None] * STRIDE_MOH + offs_dv[None, :]
+        mask_o = mask_h[:, None] & mask_dv[None, :]
+        acc = tl.zeros([BLOCK_HM, BLOCK_DV], dtype=tl.float32)
+        for chunk in range(count):
+            weight = tl.exp(tl.load(lse_rows + chunk * STRIDE_MLS, mask=mask_h, other=float("-inf")) - m_safe)
+            acc += weight[:, None] * tl.load(o_rows + chunk * STRIDE_MOS, mask=mask_o, other=0.0)
+        out_ptrs = out_ptr + batch_idx * STRIDE_OB + heads[:, None] * STRIDE_OH + offs_dv[None, :]
+        lse_ptrs = lse_ptr + batch_idx * STRIDE_LB + heads[:, None] * STRIDE_LH
+        store_merged(acc, denom[:, None], m_safe[:, None], out_ptrs, lse_ptrs, mask_dv[None, :], ROUND_BY_BITS,
+                     mask_h[:, None])  # fmt: skip

@@ -27,6 +27,9 @@ HOPPER_MLA_TILE = 64
 # The device-side schedule's fixed cost of starting a row's chunk (loading Q, filling
 # the pipeline, writing a partial result), in 64-token tiles; FlashMLA uses 5 too.
 HOPPER_MLA_CHUNK_COST = 5
+# Heads per program of the schedule's merge: a uniform batch's merge only finds that
+# stage 1 wrote every row itself, and 8x fewer programs than one per head find it sooner.
+SCHEDULE_MERGE_HEADS = 16
 _POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 Variant = Literal["mha", "grouped"]
@@ -257,7 +260,7 @@ class LaunchConfig:
     @property
     def schedule_shape(self) -> tuple[int]:
         """The int32 schedule :func:`~jax_decode.kernels.schedule._work_schedule` writes."""
-        return (1 + 2 * self.schedule_programs + self.problem.batch,)
+        return (1 + 2 * self.schedule_programs + 2 * self.problem.batch,)
 
     def schedule(self) -> KernelLaunch:
         """The device-side schedule's kernel (one program): inputs seq_lens and batch."""
@@ -275,8 +278,10 @@ class LaunchConfig:
 
     def schedule_merge(self, strides: KernelStrides) -> KernelLaunch:
         """The merge of the scheduled chunks into ``out`` and ``lse`` (whose strides are
-        ``strides``'; the partials are contiguous): one program per (batch row, head)."""
+        ``strides``'; the partials are contiguous): one program per (batch row, block
+        of ``SCHEDULE_MERGE_HEADS`` heads)."""
         p = self.problem
+        block_hm = min(SCHEDULE_MERGE_HEADS, next_power_of_2(p.num_heads))
         meta = dict(
             STRIDE_MOS=p.num_heads * p.head_dim_v,
             STRIDE_MOH=p.head_dim_v,
@@ -286,11 +291,10 @@ class LaunchConfig:
             STRIDE_OH=strides.out[1],
             STRIDE_LB=strides.lse[0],
             STRIDE_LH=strides.lse[1],
+            NUM_HEADS=p.num_heads,
             HEAD_DIM_V=p.head_dim_v,
+            BLOCK_HM=block_hm,
             BLOCK_DV=self.block_dv,
-            CAPACITY=p.capacity,
-            BLOCK_N=HOPPER_MLA_TILE,
-            CHUNK_COST=HOPPER_MLA_CHUNK_COST,
             NUM_PROGRAMS=self.schedule_programs,
             BLOCK_S=next_power_of_2(self.schedule_programs),
             ROUND_BY_BITS=self.device.vendor == "cpu",
@@ -298,7 +302,8 @@ class LaunchConfig:
             # stand-in of a scheduled config runs fixed splits, never this merge).
             SKIP_WHOLE=self.hopper_seesaw,
         )
-        return KernelLaunch("schedule_merge", (p.batch, p.num_heads, 1), self.stage2_num_warps, 1, tuple(meta.items()))
+        grid = (p.batch, cdiv(p.num_heads, block_hm), 1)
+        return KernelLaunch("schedule_merge", grid, self.stage2_num_warps, 1, tuple(meta.items()))
 
     def tma_ready(self, strides: KernelStrides) -> bool:
         """Whether q and the cache are row views a TMA descriptor can address: q's rows
