@@ -47,11 +47,13 @@ def specs(operands: NamedTuple):
     return type(operands)(*map(spec, operands))
 
 
-def stage1_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
+def stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=None) -> tuple:
     """The stage-1 kernel's inputs in parameter order (its two outputs follow).
 
     MLA (``problem.v_from_k``): V is read through K's pointer and takes K's scale.  An
-    absent scale is replaced by ``seq_lens``, which the kernel then does not read.
+    absent scale, or an absent ``schedule`` (the device-side schedule's, for a config
+    with ``schedule_programs``), is replaced by ``seq_lens``, which the kernel then does
+    not read.
     """
     v_cache, v_scale = (ops.k_cache, ops.k_scale) if problem.v_from_k else (ops.v_cache, ops.v_scale)
     placeholder = ops.seq_lens
@@ -63,6 +65,7 @@ def stage1_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
         ops.seq_lens,
         placeholder if ops.k_scale is None else ops.k_scale,
         placeholder if v_scale is None else v_scale,
+        placeholder if schedule is None else schedule,
         problem.num_pages,
     )
 
@@ -85,8 +88,9 @@ def schedule_merge_inputs(ops: DecodeOperands, mid_o, mid_lse, schedule, out_in,
     """The scheduled chunks' merge's inputs (``out`` and ``lse`` follow).  ``out_in``,
     ``lse_in``: ``out`` and ``lse`` as stage 1 left them (the rows it wrote itself; the
     same buffers, which jax_triton 0.3 aliases to the outputs), or any array where the
-    frontend passes ``out`` and ``lse`` in place; the kernel never reads them."""
-    return (mid_o, mid_lse, schedule, out_in, lse_in)
+    frontend passes ``out`` and ``lse`` in place; the kernel never reads them.
+    ``mid_lse`` stands in for absent sinks."""
+    return (mid_o, mid_lse, schedule, mid_lse if ops.sinks is None else ops.sinks, out_in, lse_in)
 
 
 def stage2_inputs(ops: DecodeOperands, mid_o, mid_lse) -> tuple:

@@ -194,20 +194,30 @@ class DecodeRun:
         self.stage1 = StageLauncher(self.fixed.stage1(strides))
         self.stage2 = StageLauncher(self.fixed.stage2(strides))
         self._stage1_partials = None
-        self.gluon = self.schedule = self.merge = None
+        self.gluon = self.schedule = self.merge = self.scheduled_stage1 = None
         if config.hopper_mla and device_index >= 0 and config.tma_ready(strides):
             self.gluon = GluonLauncher(config.hopper_stage1(strides), device_index)
+        if config.portable_scheduled:
+            self.scheduled_stage1 = StageLauncher(config.stage1(strides))
+        if self.gluon is not None or self.scheduled_stage1 is not None:
             if config.schedule_programs:
                 self.schedule = StageLauncher(config.schedule())
                 self.merge = StageLauncher(config.schedule_merge(strides))
         # The seesaw's scheduled stage 1 writes the rows of one chunk to out itself.
-        self.direct = self.schedule is not None and config.hopper_seesaw
+        self.direct = self.gluon is not None and self.schedule is not None and config.hopper_seesaw
 
     def __call__(self, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse, out_given: bool = True) -> None:
         """Launch on ``ops`` into ``out``/``lse``.  ``out_given``: ``out`` is the caller's
         and may share memory with an input, in which case one pass (stage 1 writing
         ``out`` while other programs still read the inputs) gives way to two stages."""
         config, p = self.config, self.config.problem
+        if self.scheduled_stage1 is not None:  # (stage 1 writes partials only: out may overlap anything)
+            schedule = out.new_empty(config.schedule_shape, dtype=torch.int32)
+            self.schedule((*operands.schedule_inputs(ops, p), schedule))
+            mid_o, mid_lse = scratch(config, out)
+            self.scheduled_stage1((*operands.stage1_inputs(ops, p, schedule), mid_o, mid_lse))
+            self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, out, lse), out, lse))
+            return
         # Stage 1 writing out (one pass; rows of one chunk under the seesaw's schedule)
         # while other programs still read the inputs.  (config.one_pass implies
         # self.fixed.one_pass: the overlap test runs once, if at all.)

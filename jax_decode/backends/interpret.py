@@ -72,7 +72,15 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
     def host(t: operands.DecodeOperands):
         out = torch.empty(out_type.shape, dtype=t.q.dtype)
         lse = torch.empty(lse_type.shape, dtype=torch.float32)
-        if config.one_pass:
+        if config.schedule_programs:  # (the portable stage 1: the interpreter runs no Gluon)
+            schedule = torch.empty(config.schedule_shape, dtype=torch.int32)
+            run_interpreted(config.schedule(), (*operands.schedule_inputs(t, p), schedule))
+            mid_o = torch.empty(config.mid_o_shape, dtype=torch.float32)
+            mid_lse = torch.empty(config.mid_lse_shape, dtype=torch.float32)
+            run_interpreted(config.stage1(strides), (*operands.stage1_inputs(t, p, schedule), mid_o, mid_lse))
+            merge_inputs = operands.schedule_merge_inputs(t, mid_o, mid_lse, schedule, out, lse)
+            run_interpreted(config.schedule_merge(strides), (*merge_inputs, out, lse))
+        elif config.one_pass:
             run_interpreted(config.stage1(strides), (*operands.stage1_inputs(t, p), out, lse))
         else:
             mid_o = torch.empty(config.mid_o_shape, dtype=torch.float32)

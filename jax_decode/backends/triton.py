@@ -165,7 +165,8 @@ def target_device() -> DeviceInfo | None:
 def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
     """Stage 1 and stage 2 through triton_call (the Gluon MLA stage 1 through
     :mod:`jax_decode.backends.gluon_call` where the config chooses it: JAX arrays are
-    row-major, so always TMA-addressable); returns (out, lse)."""
+    row-major, so always TMA-addressable); under the device-side schedule, the schedule,
+    stage 1 and the schedule's merge.  Returns (out, lse)."""
     p = config.problem
     strides = config.contiguous_strides()
     mid_types = (
@@ -173,39 +174,40 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
         jax.ShapeDtypeStruct(config.mid_lse_shape, jnp.float32),
     )
     out_types = (jax.ShapeDtypeStruct(p.out_shape, ops.q.dtype), jax.ShapeDtypeStruct(p.lse_shape, jnp.float32))
+    schedule = None
+    if config.schedule_programs:
+        schedule = triton_call(
+            *operands.schedule_inputs(ops, p),
+            launch=config.schedule(),
+            out_types=(jax.ShapeDtypeStruct(config.schedule_shape, jnp.int32),),
+            device=config.device,
+        )[0]
     if config.hopper_mla:
         from jax_decode.backends.gluon_call import gluon_call
 
         launch = config.hopper_stage1(strides)
         arrays = dict(q=ops.q, k_cache=ops.k_cache)
         descriptors = tuple(arrays[view.operand] for view in launch.tma)
-        if config.schedule_programs:
-            schedule = triton_call(
-                *operands.schedule_inputs(ops, p),
-                launch=config.schedule(),
-                out_types=(jax.ShapeDtypeStruct(config.schedule_shape, jnp.int32),),
-                device=config.device,
-            )[0]
-            inputs = (*descriptors, *operands.hopper_stage1_inputs(ops, p, schedule))
-            merge = config.schedule_merge(strides)
-            if not config.hopper_seesaw:  # the two-warpgroup kernel writes partials only
-                mid_o, mid_lse = gluon_call(*inputs, launch=launch, out_types=mid_types, device=config.device)
-                merge_inputs = operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, mid_o, mid_lse)
-                return tuple(triton_call(*merge_inputs, launch=merge, out_types=out_types, device=config.device))
+        inputs = (*descriptors, *operands.hopper_stage1_inputs(ops, p, schedule))
+        if schedule is not None and config.hopper_seesaw:
             # The seesaw writes the rows of one chunk itself; the merge writes the others
             # into the same out and lse.
             mid_o, mid_lse, out, lse = gluon_call(*inputs, launch=launch, out_types=(*mid_types, *out_types),
                                                   device=config.device)  # fmt: skip
-            return _merge_in_place(ops, mid_o, mid_lse, schedule, out, lse, merge, config.device)
-        inputs = (*descriptors, *operands.hopper_stage1_inputs(ops, p))
+            return _merge_in_place(ops, mid_o, mid_lse, schedule, out, lse, config.schedule_merge(strides),
+                                   config.device)  # fmt: skip
         if config.one_pass:
             return tuple(gluon_call(*inputs, launch=launch, out_types=out_types, device=config.device))
         mid_o, mid_lse = gluon_call(*inputs, launch=launch, out_types=mid_types, device=config.device)
     else:
-        inputs = operands.stage1_inputs(ops, p)
+        inputs = operands.stage1_inputs(ops, p, schedule)
         if config.one_pass:
             return tuple(triton_call(*inputs, launch=config.stage1(strides), out_types=out_types, device=config.device))
         mid_o, mid_lse = triton_call(*inputs, launch=config.stage1(strides), out_types=mid_types, device=config.device)
+    if schedule is not None:  # stage 1 wrote partials only
+        merge_inputs = operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, mid_o, mid_lse)
+        merge = config.schedule_merge(strides)
+        return tuple(triton_call(*merge_inputs, launch=merge, out_types=out_types, device=config.device))
     return triton_call(
         *operands.stage2_inputs(ops, mid_o, mid_lse),
         launch=config.stage2(strides),

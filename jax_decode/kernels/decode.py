@@ -59,87 +59,33 @@ from jax_decode.kernels.common import (
     to_f16_clamped,
     token_pages,
 )
+from jax_decode.kernels.schedule import chunk_bounds
 
 
 @triton.jit
-def _decode_stage1(
-    q_ptr,  # [batch, q_len, num_heads, head_dim_qk] (q_len 1: [batch, num_heads, head_dim_qk])
-    k_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_qk]
-    v_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_v]; may alias k_ptr (MLA)
-    page_table_ptr,  # int32 [batch, max_pages]
-    seq_lens_ptr,  # int32 [batch]
-    k_scale_ptr,  # f32 [1] or [num_kv_heads]: K dequantisation scale (read if K_SCALE)
-    v_scale_ptr,  # f32 [1] or [num_kv_heads]: V dequantisation scale (read if V_SCALE)
-    num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
-    mid_o_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits, head_dim_v] (or the final out, see below)
-    mid_lse_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits] (or the final lse)
-    STRIDE_QB: tl.constexpr,
-    STRIDE_QT: tl.constexpr,
-    STRIDE_QH: tl.constexpr,
-    STRIDE_KP: tl.constexpr,
-    STRIDE_KS: tl.constexpr,
-    STRIDE_KH: tl.constexpr,
-    STRIDE_VP: tl.constexpr,
-    STRIDE_VS: tl.constexpr,
-    STRIDE_VH: tl.constexpr,
-    STRIDE_PTB: tl.constexpr,
-    STRIDE_MOB: tl.constexpr,
-    STRIDE_MOT: tl.constexpr,
-    STRIDE_MOH: tl.constexpr,
-    STRIDE_MOS: tl.constexpr,
-    STRIDE_MLB: tl.constexpr,
-    STRIDE_MLT: tl.constexpr,
-    STRIDE_MLH: tl.constexpr,
-    STRIDE_MLS: tl.constexpr,
-    SM_SCALE: tl.constexpr,
-    LOGIT_CAP: tl.constexpr,
-    K_SCALE: tl.constexpr,  # 0: none; 1: one per tensor; 2: one per KV head
-    V_SCALE: tl.constexpr,
-    WINDOW_LEFT: tl.constexpr,  # -1: no window; else attend to the last WINDOW_LEFT + 1 tokens
-    KV_GROUP: tl.constexpr,
-    HEAD_DIM_QK: tl.constexpr,
-    HEAD_DIM_V: tl.constexpr,
-    BLOCK_DMODEL: tl.constexpr,
-    BLOCK_DPE: tl.constexpr,  # > 0: head_dim_qk's second power-of-two block (MLA's rope part)
-    BLOCK_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_H: tl.constexpr,  # query rows per program: 1 (MHA, one token), else >= 16
-    HEAD_BLOCKS: tl.constexpr,  # programs per KV head along grid axis 0
-    V_FROM_K: tl.constexpr,  # V is the loaded K tile itself (MLA's shared latent)
-    FP8_DOT_F16: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    CAPACITY: tl.constexpr,
-    NUM_KV_SPLITS: tl.constexpr,
-    Q_LEN: tl.constexpr,  # query tokens per row: its last Q_LEN positions, causal among themselves
-    ROUND_BY_BITS: tl.constexpr,  # the interpreter, whose float32 -> bfloat16 cast truncates
-):
-    """Attention of a row's query tokens over one KV split, for one head or a block of
-    query rows.
-
-    With one split (and no sinks) it may be given the final ``out`` (q's dtype) and
-    ``lse`` with split strides 0: it writes exactly what stage 2 would, rounded to
-    nearest even, and stage 2 is skipped.
-
-    ``BLOCK_H == 1`` (MHA, one token): one query head per program, q.k and p.v by
-    multiply-and-reduce in fp32 (no tensor cores needed).  ``BLOCK_H >= 16``: the
-    query rows sharing one KV head -- (token, head) pairs, the heads fastest -- q.k and
-    p.v with ``tl.dot``; each K (and V) tile is read once for the whole block (GQA,
-    MQA, MLA, and every query token of a row).  With V_FROM_K (MLA: V is the first
-    head_dim_v columns of K) the loaded K tile is reused as V, so the latent is read
-    from memory once.
-    """
-    tl.static_assert(
-        BLOCK_H >= 16 or (BLOCK_H == 1 and KV_GROUP == 1 and HEAD_BLOCKS == 1 and Q_LEN == 1), "tl.dot needs 16 rows"
-    )
-    tl.static_assert(not V_FROM_K or (BLOCK_H > 1 and BLOCK_DV == BLOCK_DMODEL and HEAD_DIM_V == BLOCK_DMODEL))
+def _stage1_part(  # the parameters of _decode_stage1, then the row and its part
+    q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages, mid_o_ptr,
+    mid_lse_ptr,
+    STRIDE_QB: tl.constexpr, STRIDE_QT: tl.constexpr, STRIDE_QH: tl.constexpr, STRIDE_KP: tl.constexpr,
+    STRIDE_KS: tl.constexpr, STRIDE_KH: tl.constexpr, STRIDE_VP: tl.constexpr, STRIDE_VS: tl.constexpr,
+    STRIDE_VH: tl.constexpr, STRIDE_PTB: tl.constexpr, STRIDE_MOB: tl.constexpr, STRIDE_MOT: tl.constexpr,
+    STRIDE_MOH: tl.constexpr, STRIDE_MOS: tl.constexpr, STRIDE_MLB: tl.constexpr, STRIDE_MLT: tl.constexpr,
+    STRIDE_MLH: tl.constexpr, STRIDE_MLS: tl.constexpr, SM_SCALE: tl.constexpr, LOGIT_CAP: tl.constexpr,
+    K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, WINDOW_LEFT: tl.constexpr, KV_GROUP: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DPE: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
+    V_FROM_K: tl.constexpr, FP8_DOT_F16: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, CAPACITY: tl.constexpr, NUM_KV_SPLITS: tl.constexpr, SCHEDULED: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, CHUNK_COST: tl.constexpr, Q_LEN: tl.constexpr, ROUND_BY_BITS: tl.constexpr,
+    batch_idx,  # int64: the batch row
+    part,  # its split, or (SCHEDULED) the program whose chunk of the row this is
+):  # fmt: skip
+    """Stage 1's work for one batch row: one split of it, or under the device-side
+    schedule one program's chunk of it (see _decode_stage1)."""
     # Head blocks on the fastest grid axis: the programs that share a KV head (and
     # those of neighbouring KV heads) run together, so a K/V tile fetched for one is
     # served to the others from L2.
     head_block = tl.program_id(0)
-    batch_idx = tl.program_id(1).to(tl.int64)
-    split_idx = tl.program_id(2)
     kv_head = head_block // HEAD_BLOCKS
 
     if BLOCK_H == 1:
@@ -184,7 +130,15 @@ def _decode_stage1(
                 q_pe = to_f16_clamped(q_pe)
 
     seq_len = row_length(seq_lens_ptr, batch_idx, CAPACITY)
-    start, end = split_bounds(seq_len, split_idx, NUM_KV_SPLITS, BLOCK_N, WINDOW_LEFT, Q_LEN)
+    if SCHEDULED:  # chunk ``part`` of the row, to the partial slot row + program
+        start, end = chunk_bounds(schedule_ptr, batch_idx, part, seq_len, NUM_PROGRAMS, CHUNK_COST, BLOCK_N,
+                                  WINDOW_LEFT, Q_LEN)  # fmt: skip
+        out_idx = batch_idx + part
+        split_idx = 0
+    else:  # split ``part`` of the row
+        start, end = split_bounds(seq_len, part, NUM_KV_SPLITS, BLOCK_N, WINDOW_LEFT, Q_LEN)
+        out_idx = batch_idx
+        split_idx = part
     page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
     k_head_ptr = k_ptr + kv_head * STRIDE_KH
     v_head_ptr = v_ptr + kv_head * STRIDE_VH
@@ -246,8 +200,8 @@ def _decode_stage1(
     o, lse = softmax_result(acc, m_i, l_i, BLOCK_H)
     if V_SCALE > 0:
         o = o * kv_scale(v_scale_ptr, kv_head, V_SCALE)  # one multiply per output, not per token
-    mid_rows = batch_idx * STRIDE_MOB + heads * STRIDE_MOH + split_idx * STRIDE_MOS
-    lse_rows = batch_idx * STRIDE_MLB + heads * STRIDE_MLH + split_idx * STRIDE_MLS
+    mid_rows = out_idx * STRIDE_MOB + heads * STRIDE_MOH + split_idx * STRIDE_MOS
+    lse_rows = out_idx * STRIDE_MLB + heads * STRIDE_MLH + split_idx * STRIDE_MLS
     if Q_LEN > 1:
         mid_rows += tok * STRIDE_MOT
         lse_rows += tok * STRIDE_MLT
@@ -261,6 +215,114 @@ def _decode_stage1(
         tl.store(lse_ptrs, lse)
     else:
         tl.store(lse_ptrs, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_stage1(
+    q_ptr,  # [batch, q_len, num_heads, head_dim_qk] (q_len 1: [batch, num_heads, head_dim_qk])
+    k_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_qk]
+    v_ptr,  # [num_pages, page_size, num_kv_heads, head_dim_v]; may alias k_ptr (MLA)
+    page_table_ptr,  # int32 [batch, max_pages]
+    seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # f32 [1] or [num_kv_heads]: K dequantisation scale (read if K_SCALE)
+    v_scale_ptr,  # f32 [1] or [num_kv_heads]: V dequantisation scale (read if V_SCALE)
+    schedule_ptr,  # int32: jax_decode.kernels.schedule._work_schedule's (read if SCHEDULED)
+    num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
+    mid_o_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits, head_dim_v] (or the final out, see below)
+    mid_lse_ptr,  # f32 [batch, q_len, num_heads, num_kv_splits] (or the final lse)
+    STRIDE_QB: tl.constexpr,
+    STRIDE_QT: tl.constexpr,
+    STRIDE_QH: tl.constexpr,
+    STRIDE_KP: tl.constexpr,
+    STRIDE_KS: tl.constexpr,
+    STRIDE_KH: tl.constexpr,
+    STRIDE_VP: tl.constexpr,
+    STRIDE_VS: tl.constexpr,
+    STRIDE_VH: tl.constexpr,
+    STRIDE_PTB: tl.constexpr,
+    STRIDE_MOB: tl.constexpr,
+    STRIDE_MOT: tl.constexpr,
+    STRIDE_MOH: tl.constexpr,
+    STRIDE_MOS: tl.constexpr,
+    STRIDE_MLB: tl.constexpr,
+    STRIDE_MLT: tl.constexpr,
+    STRIDE_MLH: tl.constexpr,
+    STRIDE_MLS: tl.constexpr,
+    SM_SCALE: tl.constexpr,
+    LOGIT_CAP: tl.constexpr,
+    K_SCALE: tl.constexpr,  # 0: none; 1: one per tensor; 2: one per KV head
+    V_SCALE: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,  # -1: no window; else attend to the last WINDOW_LEFT + 1 tokens
+    KV_GROUP: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DMODEL: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,  # > 0: head_dim_qk's second power-of-two block (MLA's rope part)
+    BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # query rows per program: 1 (MHA, one token), else >= 16
+    HEAD_BLOCKS: tl.constexpr,  # programs per KV head along grid axis 0
+    V_FROM_K: tl.constexpr,  # V is the loaded K tile itself (MLA's shared latent)
+    FP8_DOT_F16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    NUM_KV_SPLITS: tl.constexpr,
+    SCHEDULED: tl.constexpr,  # the device-side schedule's chunks instead of fixed splits
+    NUM_PROGRAMS: tl.constexpr,  # (with SCHEDULED) programs per head block
+    CHUNK_COST: tl.constexpr,  # (with SCHEDULED) the schedule's start-up cost of a chunk, in tiles
+    Q_LEN: tl.constexpr,  # query tokens per row: its last Q_LEN positions, causal among themselves
+    ROUND_BY_BITS: tl.constexpr,  # the interpreter, whose float32 -> bfloat16 cast truncates
+):
+    """Attention of a row's query tokens over one KV split, for one head or a block of
+    query rows.
+
+    With one split (and no sinks) it may be given the final ``out`` (q's dtype) and
+    ``lse`` with split strides 0: it writes exactly what stage 2 would, rounded to
+    nearest even, and stage 2 is skipped.
+
+    ``BLOCK_H == 1`` (MHA, one token): one query head per program, q.k and p.v by
+    multiply-and-reduce in fp32 (no tensor cores needed).  ``BLOCK_H >= 16``: the
+    query rows sharing one KV head -- (token, head) pairs, the heads fastest -- q.k and
+    p.v with ``tl.dot``; each K (and V) tile is read once for the whole block (GQA,
+    MQA, MLA, and every query token of a row).  With V_FROM_K (MLA: V is the first
+    head_dim_v columns of K) the loaded K tile is reused as V, so the latent is read
+    from memory once.
+    """
+    tl.static_assert(
+        BLOCK_H >= 16 or (BLOCK_H == 1 and KV_GROUP == 1 and HEAD_BLOCKS == 1 and Q_LEN == 1), "tl.dot needs 16 rows"
+    )
+    tl.static_assert(not V_FROM_K or (BLOCK_H > 1 and BLOCK_DV == BLOCK_DMODEL and HEAD_DIM_V == BLOCK_DMODEL))
+    if SCHEDULED:
+        # The device-side schedule (jax_decode.kernels.schedule): program ``program_id(1)``
+        # attends to a chunk of each of its rows in turn, each written to its own slot.
+        program = tl.program_id(1)
+        first_row = tl.load(schedule_ptr + 1 + program)
+        end_row = tl.load(schedule_ptr + 1 + NUM_PROGRAMS + program)
+        for i in range(0, end_row - first_row):  # (rows as offsets: the interpreter's loop counter is an int)
+            row = first_row + i
+            _stage1_part(
+                q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
+                mid_o_ptr, mid_lse_ptr, STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_KP, STRIDE_KS, STRIDE_KH, STRIDE_VP,
+                STRIDE_VS, STRIDE_VH, STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB,
+                STRIDE_MLT, STRIDE_MLH, STRIDE_MLS, SM_SCALE, LOGIT_CAP, K_SCALE, V_SCALE, WINDOW_LEFT, KV_GROUP,
+                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DMODEL, BLOCK_DPE, BLOCK_DV, BLOCK_N, BLOCK_H, HEAD_BLOCKS, V_FROM_K,
+                FP8_DOT_F16, DOT_PRECISION, DOT_UPCAST, PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, SCHEDULED, NUM_PROGRAMS,
+                CHUNK_COST, Q_LEN, ROUND_BY_BITS,
+                row.to(tl.int64), program,
+            )  # fmt: skip
+    else:  # (the same call: one row, one split)
+        _stage1_part(
+            q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
+            mid_o_ptr, mid_lse_ptr, STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_KP, STRIDE_KS, STRIDE_KH, STRIDE_VP,
+            STRIDE_VS, STRIDE_VH, STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB,
+            STRIDE_MLT, STRIDE_MLH, STRIDE_MLS, SM_SCALE, LOGIT_CAP, K_SCALE, V_SCALE, WINDOW_LEFT, KV_GROUP,
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DMODEL, BLOCK_DPE, BLOCK_DV, BLOCK_N, BLOCK_H, HEAD_BLOCKS, V_FROM_K,
+            FP8_DOT_F16, DOT_PRECISION, DOT_UPCAST, PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, SCHEDULED, NUM_PROGRAMS,
+            CHUNK_COST, Q_LEN, ROUND_BY_BITS,
+            tl.program_id(1).to(tl.int64), tl.program_id(2),
+        )  # fmt: skip
 
 
 @triton.jit

@@ -4,12 +4,16 @@ Imports only ``triton``; portable ``tl`` kernels (the interpreter runs them too)
 
 With a fixed number of KV splits every batch row gets the same number of programs,
 so one long row in a batch of short ones runs alone on a few SMs while the rest
-idle.  Instead, the Gluon MLA stage 1 can run ``NUM_PROGRAMS`` programs per head
-block that share the batch's work equally, cut from the prefix sum of ``seq_lens``
-(FlashMLA's tile scheduler, LeanAttention's stream-K):
+idle, and the split count the planner picks without seeing the lengths is a hedge
+between that batch and a uniform one.  Instead, a stage 1 (the portable
+``_decode_stage1`` with ``SCHEDULED``, and the Gluon MLA stage 1) can run
+``NUM_PROGRAMS`` programs per head block that share the batch's work equally, cut
+from the prefix sum of ``seq_lens`` (FlashMLA's tile scheduler, LeanAttention's
+stream-K):
 
-* row ``b`` costs ``CHUNK_COST + tiles_b`` units, ``tiles_b = cdiv(len_b, BLOCK_N)``
-  with ``len_b`` clamped to ``[0, CAPACITY]``; ``CHUNK_COST`` is the fixed cost of
+* row ``b`` costs ``CHUNK_COST + tiles_b`` units, ``tiles_b`` the ``BLOCK_N``-token
+  tiles of the positions its query tokens attend to (:func:`attended_tiles`: from the
+  window's first position, or 0, to ``len_b`` clamped to ``[0, CAPACITY]``); ``CHUNK_COST`` is the fixed cost of
   starting a row (loading Q, filling the pipeline, writing a partial result) in tiles.
   Laid end to end the rows occupy positions ``[S_b, S_b + cost_b)`` of
   ``[0, total)``, ``S_b`` the exclusive prefix sum.
@@ -39,15 +43,38 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jax_decode.kernels.common import store_merged
+from jax_decode.kernels.common import split_bounds, store_merged
 
 
 @triton.jit
-def _row_costs(seq_lens_ptr, rows, batch, CAPACITY: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_COST: tl.constexpr):
+def attended_tiles(seq_len, BLOCK_N: tl.constexpr, WINDOW_LEFT: tl.constexpr, Q_LEN: tl.constexpr):
+    """The first position a row's query tokens attend to and the number of ``BLOCK_N``
+    tiles from there to ``seq_len`` (already clamped): one split's bounds."""
+    first, end = split_bounds(seq_len, 0, 1, BLOCK_N, WINDOW_LEFT, Q_LEN)
+    return first, tl.cdiv(end - first, BLOCK_N)
+
+
+@triton.jit
+def chunk_bounds(schedule_ptr, row, program, seq_len, NUM_PROGRAMS: tl.constexpr, CHUNK_COST: tl.constexpr,
+                 BLOCK_N: tl.constexpr, WINDOW_LEFT: tl.constexpr, Q_LEN: tl.constexpr):  # fmt: skip
+    """Positions ``[start, end)`` of ``row`` (its length ``seq_len``, clamped) that
+    ``program``'s share of the work holds: the tiles whose positions fall in
+    ``[program * W, (program + 1) * W)``, after the row's start-up units."""
+    first, tiles = attended_tiles(seq_len, BLOCK_N, WINDOW_LEFT, Q_LEN)
+    per_program = tl.load(schedule_ptr)
+    first_pos = program * per_program - tl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * row) - CHUNK_COST
+    tile_lo = tl.minimum(tl.maximum(first_pos, 0), tiles)
+    tile_hi = tl.minimum(tl.maximum(first_pos + per_program, 0), tiles)
+    return first + tile_lo * BLOCK_N, tl.minimum(first + tile_hi * BLOCK_N, seq_len)
+
+
+@triton.jit
+def _row_costs(seq_lens_ptr, rows, batch, CAPACITY: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_COST: tl.constexpr,
+               WINDOW_LEFT: tl.constexpr, Q_LEN: tl.constexpr):  # fmt: skip
     """Units of work of ``rows`` (0 past the batch)."""
     lens = tl.load(seq_lens_ptr + rows, mask=rows < batch, other=0)
-    lens = tl.minimum(tl.maximum(lens, 0), CAPACITY)
-    return tl.where(rows < batch, CHUNK_COST + tl.cdiv(lens, BLOCK_N), 0)
+    _, tiles = attended_tiles(tl.minimum(tl.maximum(lens, 0), CAPACITY), BLOCK_N, WINDOW_LEFT, Q_LEN)
+    return tl.where(rows < batch, CHUNK_COST + tiles, 0)
 
 
 @triton.jit
@@ -59,6 +86,8 @@ def _work_schedule(
     BLOCK_N: tl.constexpr,  # tokens per tile
     CHUNK_COST: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,  # as stage 1's: the tiles a row's query tokens attend to
+    Q_LEN: tl.constexpr,
     BLOCK_B: tl.constexpr,  # rows per step (the whole batch in one step, up to 1024 rows)
     BLOCK_P: tl.constexpr,  # next_power_of_2(NUM_PROGRAMS + 2): the histograms' bins
 ):
@@ -68,7 +97,7 @@ def _work_schedule(
     total = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int32), 0)
     for b0 in range(0, batch, BLOCK_B):
         rows = b0 + offs_b
-        cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST)
+        cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST, WINDOW_LEFT, Q_LEN)
         tl.store(row_info + 2 * rows, total + tl.cumsum(cost, 0) - cost, mask=rows < batch)
         total += tl.sum(cost, 0)
     per_program = tl.cdiv(total, NUM_PROGRAMS)
@@ -84,7 +113,7 @@ def _work_schedule(
     started = tl.zeros([BLOCK_P], dtype=tl.int32)
     for b0 in range(0, batch, BLOCK_B):
         rows = b0 + offs_b
-        cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST)
+        cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST, WINDOW_LEFT, Q_LEN)
         row_end = ends + tl.cumsum(cost, 0)
         chunks = (row_end - 1) // per_program - (row_end - cost) // per_program + 1
         tl.store(row_info + 2 * rows + 1, chunks, mask=rows < batch)
@@ -100,20 +129,25 @@ def _work_schedule(
 
 @triton.jit
 def _schedule_merge(
-    mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads, head_dim_v]: chunk partials by slot
-    mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads]
+    mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, (q_len,) num_heads, head_dim_v]: chunk partials by slot
+    mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, (q_len,) num_heads]
     schedule_ptr,  # int32, from _work_schedule
+    sinks_ptr,  # f32 [num_heads]: per-head sink logits (read if HAS_SINKS)
     out_in_ptr,  # out and lse as inputs (see jax_decode.operands.schedule_merge_inputs): never read
     lse_in_ptr,
-    out_ptr,  # [batch, num_heads, head_dim_v], q's dtype
-    lse_ptr,  # f32 [batch, num_heads], natural log
+    out_ptr,  # [batch, (q_len,) num_heads, head_dim_v], q's dtype
+    lse_ptr,  # f32 [batch, (q_len,) num_heads], natural log
     STRIDE_MOS: tl.constexpr,
+    STRIDE_MOT: tl.constexpr,
     STRIDE_MOH: tl.constexpr,
     STRIDE_MLS: tl.constexpr,
+    STRIDE_MLT: tl.constexpr,
     STRIDE_MLH: tl.constexpr,
     STRIDE_OB: tl.constexpr,
+    STRIDE_OT: tl.constexpr,
     STRIDE_OH: tl.constexpr,
     STRIDE_LB: tl.constexpr,
+    STRIDE_LT: tl.constexpr,
     STRIDE_LH: tl.constexpr,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
@@ -121,16 +155,19 @@ def _schedule_merge(
     BLOCK_DV: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     BLOCK_S: tl.constexpr,  # next_power_of_2(NUM_PROGRAMS): a row has at most that many chunks
+    HAS_SINKS: tl.constexpr,
     ROUND_BY_BITS: tl.constexpr,
     SKIP_WHOLE: tl.constexpr,  # rows of one chunk are stage 1's to write
 ):
-    """Merge the chunks of one batch row's block of ``BLOCK_HM`` heads by log-sum-exp,
-    as ``_decode_stage2`` merges splits; chunks with no token weigh 0, a row with none
-    gets zeros and -inf.  (A block of heads per program, not one head: with
-    ``SKIP_WHOLE`` most programs of a uniform batch find only that there is nothing to
-    do, and fewer programs find it sooner.)"""
+    """Merge the chunks of one batch row's block of ``BLOCK_HM`` heads of query token
+    ``program_id(2)`` by log-sum-exp, as ``_decode_stage2`` merges splits (sinks
+    included); chunks with no token weigh 0, a row with none gets zeros and -inf (or
+    its sink's LSE).  (A block of heads per program, not one head: with ``SKIP_WHOLE``
+    most programs of a uniform batch find only that there is nothing to do, and fewer
+    programs find it sooner.)"""
     batch_idx = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_HM + tl.arange(0, BLOCK_HM)
+    tok = tl.program_id(2)  # (the token strides are 0 with one query token)
     mask_h = heads < NUM_HEADS
     row_info = schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * batch_idx
     count = tl.load(row_info + 1)
@@ -142,19 +179,24 @@ def _schedule_merge(
         offs_s = tl.arange(0, BLOCK_S)
         offs_dv = tl.arange(0, BLOCK_DV)
         mask_dv = offs_dv < HEAD_DIM_V
-        lse_rows = mid_lse_ptr + slot * STRIDE_MLS + heads * STRIDE_MLH  # [BLOCK_HM]
+        lse_rows = mid_lse_ptr + slot * STRIDE_MLS + tok * STRIDE_MLT + heads * STRIDE_MLH  # [BLOCK_HM]
         chunk_lse = tl.load(lse_rows[None, :] + offs_s[:, None] * STRIDE_MLS,
                             mask=(offs_s < count)[:, None] & mask_h[None, :], other=float("-inf"))  # fmt: skip
         m = tl.max(chunk_lse, 0)
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + heads, mask=mask_h, other=float("-inf"))
+            m = tl.maximum(m, sink)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         denom = tl.sum(tl.exp(chunk_lse - m_safe[None, :]), 0)
-        o_rows = mid_o_ptr + slot * STRIDE_MOS + heads[:, None] * STRIDE_MOH + offs_dv[None, :]
+        if HAS_SINKS:
+            denom += tl.exp(sink - m_safe)
+        o_rows = mid_o_ptr + slot * STRIDE_MOS + tok * STRIDE_MOT + heads[:, None] * STRIDE_MOH + offs_dv[None, :]
         mask_o = mask_h[:, None] & mask_dv[None, :]
         acc = tl.zeros([BLOCK_HM, BLOCK_DV], dtype=tl.float32)
         for chunk in range(count):
             weight = tl.exp(tl.load(lse_rows + chunk * STRIDE_MLS, mask=mask_h, other=float("-inf")) - m_safe)
             acc += weight[:, None] * tl.load(o_rows + chunk * STRIDE_MOS, mask=mask_o, other=0.0)
-        out_ptrs = out_ptr + batch_idx * STRIDE_OB + heads[:, None] * STRIDE_OH + offs_dv[None, :]
-        lse_ptrs = lse_ptr + batch_idx * STRIDE_LB + heads[:, None] * STRIDE_LH
+        out_ptrs = out_ptr + batch_idx * STRIDE_OB + tok * STRIDE_OT + heads[:, None] * STRIDE_OH + offs_dv[None, :]
+        lse_ptrs = lse_ptr + batch_idx * STRIDE_LB + tok * STRIDE_LT + heads[:, None] * STRIDE_LH
         store_merged(acc, denom[:, None], m_safe[:, None], out_ptrs, lse_ptrs, mask_dv[None, :], ROUND_BY_BITS,
                      mask_h[:, None])  # fmt: skip

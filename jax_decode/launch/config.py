@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from jax_decode.launch.cost import PROGRAM_OVERHEAD_BYTES
 from jax_decode.launch.problem import (
     FP8_FORMATS,
     NO_FP8,
@@ -17,6 +18,7 @@ from jax_decode.launch.problem import (
     DecodeProblem,
     DeviceInfo,
     cdiv,
+    itemsize,
     next_power_of_2,
 )
 
@@ -96,6 +98,23 @@ def _stage1_out_strides(strides: KernelStrides, final: bool) -> dict[str, int]:
     )
 
 
+def _scheduled_stage1_out_strides(p: DecodeProblem) -> dict[str, int]:
+    """The scheduled stage 1's partial results' strides (:attr:`LaunchConfig.mid_o_shape`,
+    contiguous, chunk slots in place of batch rows, no split axis), named as
+    :func:`_stage1_out_strides` names them."""
+    several = p.q_len > 1
+    return dict(
+        STRIDE_MOB=p.q_len * p.num_heads * p.head_dim_v,
+        STRIDE_MOT=p.num_heads * p.head_dim_v if several else 0,
+        STRIDE_MOH=p.head_dim_v,
+        STRIDE_MOS=0,
+        STRIDE_MLB=p.q_len * p.num_heads,
+        STRIDE_MLT=p.num_heads if several else 0,
+        STRIDE_MLH=1,
+        STRIDE_MLS=0,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class TmaView:
     """A TMA descriptor argument of a Gluon kernel: ``rows`` x ``cols`` elements of one
@@ -150,18 +169,44 @@ class LaunchConfig:
     # operands allow its TMA copies (see tma_ready); the fields above then describe the
     # portable kernel that takes its place elsewhere, with the same splits and scratch.
     hopper_mla: bool = False
-    # With hopper_mla, > 0: the Gluon stage 1 runs this many programs per head block
-    # under the device-side schedule (jax_decode.kernels.schedule) instead of fixed
-    # splits; num_kv_splits then describes only the portable stand-in.
+    # > 0: stage 1 runs this many programs per head block under the device-side
+    # schedule (jax_decode.kernels.schedule) instead of fixed splits -- the Gluon stage 1
+    # with hopper_mla (num_kv_splits then describes only the portable stand-in), else the
+    # portable one -- and the schedule's merge takes stage 2's place.
     schedule_programs: int = 0
     # With hopper_mla: the warp-specialised seesaw kernels (any q_len; the schedule takes
     # one token); False: the two-warpgroup kernel, the benchmarks' and tests' baseline.
     hopper_seesaw: bool = True
 
     @property
+    def portable_scheduled(self) -> bool:
+        """The portable stage 1 runs under the device-side schedule."""
+        return self.schedule_programs > 0 and not self.hopper_mla
+
+    @property
     def stage1_grid(self) -> tuple[int, int, int]:
         p = self.problem
+        if self.portable_scheduled:
+            return (p.num_kv_heads * self.head_blocks, self.schedule_programs, 1)
         return (p.num_kv_heads * self.head_blocks, p.batch, self.num_kv_splits)
+
+    @property
+    def schedule_tile(self) -> int:
+        """Tokens per unit of the device-side schedule: the scheduled stage 1's tile."""
+        return HOPPER_MLA_TILE if self.hopper_mla else self.block_n
+
+    @property
+    def schedule_chunk_cost(self) -> int:
+        """The schedule's fixed cost of starting a chunk, in tiles (at least 1: every row
+        holds a position, so some program writes its partial): FlashMLA's 5 for the
+        Gluon MLA stage 1; for the portable one the cost model's fixed cost of a program
+        and the partial result it writes, in tiles' bytes."""
+        if self.hopper_mla:
+            return HOPPER_MLA_CHUNK_COST
+        p = self.problem
+        token_bytes = (p.head_dim_qk + (0 if p.v_from_k else p.head_dim_v)) * itemsize(p.cache_dtype)
+        partial_bytes = min(self.block_h, p.rows_per_kv_head) * (p.head_dim_v + 1) * 4
+        return max(1, cdiv(PROGRAM_OVERHEAD_BYTES + partial_bytes, self.block_n * token_bytes))
 
     @property
     def stage2_grid(self) -> tuple[int, int, int]:
@@ -171,10 +216,11 @@ class LaunchConfig:
     def mid_o_shape(self) -> tuple[int, ...]:
         """Stage 1's partial outputs: [batch, (q_len,) num_heads, num_kv_splits, head_dim_v],
         the token axis where there are several query tokens; under the device-side
-        schedule [batch + schedule_programs, num_heads, head_dim_v], by chunk slot."""
+        schedule [batch + schedule_programs, (q_len,) num_heads, head_dim_v], by chunk
+        slot."""
         p = self.problem
         if self.schedule_programs:
-            return (p.batch + self.schedule_programs, p.num_heads, p.head_dim_v)
+            return (p.batch + self.schedule_programs, *((p.q_len,) if p.q_len > 1 else ()), p.num_heads, p.head_dim_v)
         return (p.batch, *((p.q_len,) if p.q_len > 1 else ()), p.num_heads, self.num_kv_splits, p.head_dim_v)
 
     @property
@@ -200,7 +246,8 @@ class LaunchConfig:
             STRIDE_VS=strides.v[1],
             STRIDE_VH=strides.v[2],
             STRIDE_PTB=strides.page_table,
-            **_stage1_out_strides(strides, final=self.one_pass and not partials),
+            **(_scheduled_stage1_out_strides(p) if self.portable_scheduled
+               else _stage1_out_strides(strides, final=self.one_pass and not partials)),
             SM_SCALE=float(p.sm_scale),
             LOGIT_CAP=float(p.logit_cap),
             K_SCALE=p.k_scale,
@@ -224,6 +271,9 @@ class LaunchConfig:
             PAGE_SIZE=p.page_size,
             CAPACITY=p.capacity,
             NUM_KV_SPLITS=self.num_kv_splits,
+            SCHEDULED=self.portable_scheduled,
+            NUM_PROGRAMS=self.schedule_programs if self.portable_scheduled else 0,
+            CHUNK_COST=self.schedule_chunk_cost if self.portable_scheduled else 0,
             Q_LEN=p.q_len,
             ROUND_BY_BITS=self.device.vendor == "cpu",
         )
@@ -266,9 +316,11 @@ class LaunchConfig:
         """The device-side schedule's kernel (one program): inputs seq_lens and batch."""
         meta = dict(
             CAPACITY=self.problem.capacity,
-            BLOCK_N=HOPPER_MLA_TILE,
-            CHUNK_COST=HOPPER_MLA_CHUNK_COST,
+            BLOCK_N=self.schedule_tile,
+            CHUNK_COST=self.schedule_chunk_cost,
             NUM_PROGRAMS=self.schedule_programs,
+            WINDOW_LEFT=self.problem.window_left,
+            Q_LEN=self.problem.q_len,
             # One step for batches up to 1024 rows: the kernel is a chain of dependent
             # loads and scans on one SM, and its latency is the cost.
             BLOCK_B=min(1024, next_power_of_2(self.problem.batch)),
@@ -279,17 +331,22 @@ class LaunchConfig:
     def schedule_merge(self, strides: KernelStrides) -> KernelLaunch:
         """The merge of the scheduled chunks into ``out`` and ``lse`` (whose strides are
         ``strides``'; the partials are contiguous): one program per (batch row, block
-        of ``SCHEDULE_MERGE_HEADS`` heads)."""
+        of ``SCHEDULE_MERGE_HEADS`` heads, query token)."""
         p = self.problem
         block_hm = min(SCHEDULE_MERGE_HEADS, next_power_of_2(p.num_heads))
+        partials = _scheduled_stage1_out_strides(p)
         meta = dict(
-            STRIDE_MOS=p.num_heads * p.head_dim_v,
-            STRIDE_MOH=p.head_dim_v,
-            STRIDE_MLS=p.num_heads,
-            STRIDE_MLH=1,
+            STRIDE_MOS=partials["STRIDE_MOB"],
+            STRIDE_MOT=partials["STRIDE_MOT"],
+            STRIDE_MOH=partials["STRIDE_MOH"],
+            STRIDE_MLS=partials["STRIDE_MLB"],
+            STRIDE_MLT=partials["STRIDE_MLT"],
+            STRIDE_MLH=partials["STRIDE_MLH"],
             STRIDE_OB=strides.out[0],
+            STRIDE_OT=strides.tokens[3],
             STRIDE_OH=strides.out[1],
             STRIDE_LB=strides.lse[0],
+            STRIDE_LT=strides.tokens[4],
             STRIDE_LH=strides.lse[1],
             NUM_HEADS=p.num_heads,
             HEAD_DIM_V=p.head_dim_v,
@@ -297,12 +354,13 @@ class LaunchConfig:
             BLOCK_DV=self.block_dv,
             NUM_PROGRAMS=self.schedule_programs,
             BLOCK_S=next_power_of_2(self.schedule_programs),
+            HAS_SINKS=p.has_sinks,
             ROUND_BY_BITS=self.device.vendor == "cpu",
             # The seesaw writes rows of one chunk to out itself (and the portable
-            # stand-in of a scheduled config runs fixed splits, never this merge).
-            SKIP_WHOLE=self.hopper_seesaw,
+            # stand-in of a scheduled Gluon config runs fixed splits, never this merge).
+            SKIP_WHOLE=self.hopper_mla and self.hopper_seesaw,
         )
-        grid = (p.batch, cdiv(p.num_heads, block_hm), 1)
+        grid = (p.batch, cdiv(p.num_heads, block_hm), p.q_len)
         return KernelLaunch("schedule_merge", grid, self.stage2_num_warps, 1, tuple(meta.items()))
 
     def tma_ready(self, strides: KernelStrides) -> bool:

@@ -6,6 +6,7 @@ Triton.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 
@@ -214,19 +215,28 @@ ALIGNED_PROGRAMS_SHARE = 0.9
 
 def hopper_mla_schedule_programs(p: DecodeProblem, device: DeviceInfo) -> int:
     """Programs per head block of the Gluon MLA stage 1 under the device-side schedule
-    (0: fixed splits).  One wave: a program fills an SM -- or a few SMs fewer where that
-    many programs divide the batch (64 of 66 for 64 or 128 rows at 128 heads): a
+    (0: fixed splits): :func:`schedule_programs` for one program per SM.  (64 of 66
+    for 64 or 128 rows at 128 heads.)  It takes one query token."""
+    if p.q_len > 1:
+        return 0
+    wave = max(1, device.num_sms // cdiv(p.num_heads, HOPPER_MLA_ROWS))
+    return schedule_programs(p, wave, HOPPER_MLA_TILE, HOPPER_MLA_CHUNK_COST)
+
+
+def schedule_programs(p: DecodeProblem, wave: int, tile: int, chunk_cost: int) -> int:
+    """Programs per head block under the device-side schedule (0: fixed splits), for
+    ``wave`` of them resident at once: one wave -- or a few fewer where that many
+    programs divide the batch (down to :data:`ALIGNED_PROGRAMS_SHARE` of the wave): a
     uniform batch's rows then fall into the shares whole, each program attends to one
     chunk (or whole rows) instead of starting a second, and the merge has one chunk per
     row.  A batch of one row has no tail to balance, so its fixed splits do the same
     work without the schedule's two extra launches; the schedule's int32 positions must
     not overflow."""
-    if p.batch <= 1 or p.q_len > 1:
+    if p.batch <= 1:
         return 0
-    wave = max(1, device.num_sms // cdiv(p.num_heads, HOPPER_MLA_ROWS))
     divisor = next(d for d in range(wave, 0, -1) if p.batch % d == 0)
     programs = divisor if divisor >= ALIGNED_PROGRAMS_SHARE * wave else wave
-    positions = p.batch * (HOPPER_MLA_CHUNK_COST + cdiv(p.capacity, HOPPER_MLA_TILE))
+    positions = p.batch * (chunk_cost + cdiv(p.capacity, tile))
     # The schedule kernel's rounded-up divisions add up to a share (and the programs) to
     # the positions before dividing.
     if positions + cdiv(positions, programs) + programs >= 2**31:
@@ -285,12 +295,13 @@ def make_launch_config(
 ) -> LaunchConfig:
     """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one.
 
-    ``device_schedule``: where the planner picks the splits of the Gluon MLA stage 1,
-    run it under the device-side schedule instead (:func:`hopper_mla_schedule_programs`),
-    unless the fixed splits would be one: that launch writes the output itself, while
-    the schedule always merges fp32 partials (measured on the H200: DeepSeek-V3 b128
-    ctx 1k 102.5 us in one pass, 132.3 scheduled; every other multi-row DeepSeek-V3 row
-    faster scheduled, docs/performance.md).  False: fixed splits (benchmarks compare).
+    ``device_schedule``: where the planner picks the splits (on an NVIDIA GPU), run
+    stage 1 under the device-side schedule instead (:func:`schedule_programs`), unless
+    the fixed splits would be one: that launch writes the output itself (or leaves
+    stage 2 a single split to merge), while the schedule always merges fp32 partials
+    (measured on the H200: DeepSeek-V3 b128 ctx 1k 102.5 us in one pass, 132.3
+    scheduled; every other multi-row DeepSeek-V3 row faster scheduled,
+    docs/performance.md).  False: fixed splits (benchmarks compare).
     ``hopper_multi_token``: let the Gluon MLA stage 1 take several query tokens per row
     (its rows (token, head) pairs); False keeps them on the portable kernel.
     """
@@ -335,16 +346,22 @@ def make_launch_config(
         num_warps = 4
 
     hopper_mla = _hopper_mla(p, device, hopper_multi_token)
-    schedule_programs = 0
+    programs, portable_schedule = 0, False
     if num_kv_splits is None and hopper_mla:
         num_kv_splits = hopper_mla_splits(p, device)
         if device_schedule and num_kv_splits > 1:
-            schedule_programs = hopper_mla_schedule_programs(p, device)
+            programs = hopper_mla_schedule_programs(p, device)
     elif num_kv_splits is None:
         program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
         num_kv_splits = choose_splits(p, device, program, p.num_kv_heads * head_blocks, block_n)
+        if device_schedule and num_kv_splits > 1 and device.vendor == "nvidia":
+            # The splits are a hedge between a uniform and a long-tailed batch; the
+            # schedule fits the work to the lengths instead, one wave of programs.
+            wave = max(1, device.num_sms * programs_per_sm(program, sm_shared_bytes(device))
+                       // (p.num_kv_heads * head_blocks))  # fmt: skip
+            portable_schedule = True
 
-    return LaunchConfig(
+    config = LaunchConfig(
         problem=p,
         device=device,
         variant=variant,
@@ -359,8 +376,12 @@ def make_launch_config(
         num_kv_splits=num_kv_splits,
         stage2_num_warps=4 if block_dv >= 256 else 2,
         hopper_mla=hopper_mla,
-        schedule_programs=schedule_programs,
+        schedule_programs=programs,
     )
+    if portable_schedule:
+        programs = schedule_programs(p, wave, block_n, config.schedule_chunk_cost)
+        config = dataclasses.replace(config, schedule_programs=programs)
+    return config
 
 
 def default_sm_scale(head_dim_qk: int) -> float:
