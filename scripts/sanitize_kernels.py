@@ -108,9 +108,10 @@ def run_case(case: Case, variant: str, views: bool) -> None:
     np.testing.assert_allclose(lse.cpu().numpy(), expected_lse, atol=1e-4, rtol=1e-5)
 
 
-def run_planned(case: Case, variant: str, views: bool, **plan_options) -> None:
+def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 0, **plan_options) -> None:
     """``run_case`` through torch_bridge's launcher with a config planned with
-    ``plan_options`` of ``make_launch_config`` (which the frontends do not pass)."""
+    ``plan_options`` of ``make_launch_config`` (which the frontends do not pass);
+    ``schedule_programs``: that many programs under the device-side schedule instead."""
     from jax_decode.launch import make_launch_config
     from jax_decode.operands import DecodeOperands, Spec
     from jax_decode.prepare import DECODE_NAMES, DecodeOptions, decode_problem
@@ -125,6 +126,8 @@ def run_planned(case: Case, variant: str, views: bool, **plan_options) -> None:
     specs = DecodeOperands(*(None if a is None else Spec(tuple(a.shape), a.dtype) for a in problem.arrays))
     decode = decode_problem(specs, DecodeOptions(problem.head_dim_v, None, case.logit_cap, None), DECODE_NAMES)
     config = make_launch_config(decode, device_info(q.device), case.num_kv_splits, **plan_options)
+    if schedule_programs:
+        config = dataclasses.replace(config, schedule_programs=schedule_programs)
     out = torch.empty(decode.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(decode.lse_shape, dtype=torch.float32, device=q.device)
     launch_decode(config, DecodeOperands(q, k, v, pt, sl), None, None, out, lse)
@@ -192,6 +195,15 @@ def main() -> None:
     for case in cases[:5]:
         run_case(dataclasses.replace(case, num_kv_splits=64), "valid", False)
         runs += 1
+    # The portable stage 1 under the device-side schedule (which the planner picks for
+    # large problems only), with few programs (chunks straddle rows) and with more
+    # programs than tiles (most chunks empty).
+    for case in cases[:: max(1, len(cases) // 8)]:
+        for programs in (3, 64):
+            for variant in variants:
+                run_planned(case, variant, False, schedule_programs=programs)
+                runs += 1
+        print(f"{case.id} scheduled: ok", flush=True)
     print(f"sanitize_kernels ({DEVICE}): {runs} runs ({len(cases)} configurations x {len(variants)} inputs, "
           "contiguous and strided), all matched the oracle")  # fmt: skip
 
