@@ -122,3 +122,25 @@ def test_the_planner_schedules_where_the_splits_hedge():
     assert not make_launch_config(_gqa(16, 8192), DeviceInfo.interpreter()).schedule_programs
     short = make_launch_config(_gqa(256, 256), H200)
     assert short.num_kv_splits == 1 and not short.schedule_programs  # one split writes out itself
+
+
+def test_the_planner_schedules_where_the_model_finds_the_hedge_dearer():
+    """The rule itself: scheduled exactly where the cost model finds the fixed splits'
+    hedge further from the best than the schedule's extra launch (short calls keep
+    their fixed splits: the launch would cost more than the hedge)."""
+    from jax_decode.launch.planner import program_shape, split_hedge
+
+    seen = set()
+    for batch, context, heads, kv_heads, head_dim in ((16, 8192, 28, 4, 128), (8, 8192, 8, 1, 256),
+                                                      (64, 4096, 32, 8, 128), (2, 2048, 32, 8, 128)):  # fmt: skip
+        problem = _gqa(batch, context, num_heads=heads, num_kv_heads=kv_heads, head_dim_qk=head_dim,
+                       head_dim_v=head_dim)  # fmt: skip
+        config = make_launch_config(problem, H200)
+        c = config
+        program = program_shape(problem, H200, c.block_h, c.block_n, c.num_warps, c.num_stages, c.block_dmodel,
+                                c.block_dpe, c.block_dv)  # fmt: skip
+        splits, hedge, schedule = split_hedge(problem, H200, program, kv_heads * c.head_blocks, c.block_n)
+        assert config.num_kv_splits == splits
+        assert bool(config.schedule_programs) == (splits > 1 and schedule < hedge)
+        seen.add(bool(config.schedule_programs))
+    assert seen == {True, False}  # both sides of the rule

@@ -29,6 +29,10 @@ MAX_AUTO_KV_SPLITS = 64
 MAX_KV_SPLITS = 256
 # Each automatically chosen split gets at least this many KV blocks of work.
 MIN_BLOCKS_PER_SPLIT = 4
+# What the device-side schedule adds to a portable launch, in the cost model's units
+# (bytes at one SM's share of bandwidth): its one-program kernel and the launch gap
+# after it, about 3 us (H100, DeepSeek-V3 b64: the schedule kernel took 2.1 us).
+SCHEDULE_OVERHEAD_BYTES = 96 * 1024
 # The split counts the planner chooses from: steps of at most 1.5x, few enough that a
 # decode loop over growing lengths compiles a handful of kernels.
 SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -103,8 +107,17 @@ def choose_splits(p: DecodeProblem, device: DeviceInfo, program: ProgramShape, p
     longest at capacity): of the candidates, the one whose time is furthest from its
     scenario's best in neither.
     """
+    return split_hedge(p, device, program, programs_per_row, block_n)[0]
+
+
+def split_hedge(p: DecodeProblem, device: DeviceInfo, program: ProgramShape, programs_per_row: int,
+                block_n: int) -> tuple[int, float, float]:  # fmt: skip
+    """(splits, hedge, schedule) for :func:`choose_splits`' choice: ``hedge`` is how far
+    its time is from the best in the worse of the two scenarios (1.0: the best in both);
+    ``schedule`` the same for the device-side schedule, which the model takes to reach
+    each scenario's best plus :data:`SCHEDULE_OVERHEAD_BYTES`."""
     if p.batch == 0:  # nothing is launched
-        return 1
+        return 1, 1.0, 1.0
     per_sm = programs_per_sm(program, sm_shared_bytes(device))
     tokens = max(p.max_attended, 1)
     most = max(1, min(MAX_AUTO_KV_SPLITS, cdiv(tokens, block_n * MIN_BLOCKS_PER_SPLIT)))
@@ -114,7 +127,10 @@ def choose_splits(p: DecodeProblem, device: DeviceInfo, program: ProgramShape, p
     uniform = {s: uniform_time(program, *shape, s, *machine) for s in candidates}
     tail = {s: long_tail_time(program, *shape, s, *machine) for s in candidates}
     best_uniform, best_tail = min(uniform.values()), min(tail.values())
-    return min(candidates, key=lambda s: (max(uniform[s] / best_uniform, tail[s] / best_tail), s))
+    hedge = {s: max(uniform[s] / best_uniform, tail[s] / best_tail) for s in candidates}
+    splits = min(candidates, key=lambda s: (hedge[s], s))
+    schedule = 1 + SCHEDULE_OVERHEAD_BYTES / min(best_uniform, best_tail)
+    return splits, hedge[splits], schedule
 
 
 def sm_shared_bytes(device: DeviceInfo) -> int:
@@ -353,10 +369,11 @@ def make_launch_config(
             programs = hopper_mla_schedule_programs(p, device)
     elif num_kv_splits is None:
         program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
-        num_kv_splits = choose_splits(p, device, program, p.num_kv_heads * head_blocks, block_n)
-        if device_schedule and num_kv_splits > 1 and device.vendor == "nvidia":
+        num_kv_splits, hedge, schedule = split_hedge(p, device, program, p.num_kv_heads * head_blocks, block_n)
+        if device_schedule and num_kv_splits > 1 and schedule < hedge and device.vendor == "nvidia":
             # The splits are a hedge between a uniform and a long-tailed batch; the
-            # schedule fits the work to the lengths instead, one wave of programs.
+            # schedule fits the work to the lengths instead (one wave of programs),
+            # where the model finds the hedge costs more than the schedule's launch.
             wave = max(1, device.num_sms * programs_per_sm(program, sm_shared_bytes(device))
                        // (p.num_kv_heads * head_blocks))  # fmt: skip
             portable_schedule = True
