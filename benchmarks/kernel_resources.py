@@ -66,6 +66,7 @@ def _stage1_source(config):
         "seq_lens_ptr": "*i32",
         "k_scale_ptr": "*fp32",
         "v_scale_ptr": "*fp32",
+        "schedule_ptr": "*i32",
         "num_pages": "i32",
         "mid_o_ptr": "*fp32",
         "mid_lse_ptr": "*fp32",

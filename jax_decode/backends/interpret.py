@@ -72,7 +72,7 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
     def host(t: operands.DecodeOperands):
         out = torch.empty(out_type.shape, dtype=t.q.dtype)
         lse = torch.empty(lse_type.shape, dtype=torch.float32)
-        if config.schedule_programs:  # (the portable stage 1: the interpreter runs no Gluon)
+        if config.portable_scheduled:
             schedule = torch.empty(config.schedule_shape, dtype=torch.int32)
             run_interpreted(config.schedule(), (*operands.schedule_inputs(t, p), schedule))
             mid_o = torch.empty(config.mid_o_shape, dtype=torch.float32)

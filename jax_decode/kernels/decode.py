@@ -62,8 +62,7 @@ from jax_decode.kernels.common import (
 from jax_decode.kernels.schedule import chunk_bounds
 
 
-@triton.jit
-def _stage1_part(  # the parameters of _decode_stage1, then the row and its part
+def _stage1_part_body(  # the parameters of _decode_stage1, then the row and its part
     q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages, mid_o_ptr,
     mid_lse_ptr,
     STRIDE_QB: tl.constexpr, STRIDE_QT: tl.constexpr, STRIDE_QH: tl.constexpr, STRIDE_KP: tl.constexpr,
@@ -217,6 +216,13 @@ def _stage1_part(  # the parameters of _decode_stage1, then the row and its part
         tl.store(lse_ptrs, lse, mask=mask_h)
 
 
+_stage1_part = triton.jit(_stage1_part_body)
+# The scheduled kernel's loop over rows calls the same body as a function of its own:
+# inlined, the values it hoists out of that loop stay live across the tile loop (sm_90,
+# GQA d128: 148 registers against 118 without the loop, three programs per SM, not four).
+_stage1_chunk = triton.jit(_stage1_part_body, noinline=True)
+
+
 @triton.jit
 def _decode_stage1(
     q_ptr,  # [batch, q_len, num_heads, head_dim_qk] (q_len 1: [batch, num_heads, head_dim_qk])
@@ -302,7 +308,7 @@ def _decode_stage1(
         end_row = tl.load(schedule_ptr + 1 + NUM_PROGRAMS + program)
         for i in range(0, end_row - first_row):  # (rows as offsets: the interpreter's loop counter is an int)
             row = first_row + i
-            _stage1_part(
+            _stage1_chunk(
                 q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
                 mid_o_ptr, mid_lse_ptr, STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_KP, STRIDE_KS, STRIDE_KH, STRIDE_VP,
                 STRIDE_VS, STRIDE_VH, STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB,

@@ -65,7 +65,8 @@ def split_head_dim(head_dim: int) -> tuple[int, int]:
 
 def program_shape(p: DecodeProblem, device: DeviceInfo, block_h: int, block_n: int, num_warps: int, num_stages: int,
                   block_dmodel: int, block_dpe: int, block_dv: int) -> ProgramShape:  # fmt: skip
-    """The cost model's view of one stage-1 program of this launch.
+    """The cost model's view of one stage-1 program of this launch (with fixed splits or
+    under the device-side schedule: the same body, kernel/decode.py).
 
     Registers and shared memory are estimates of what Triton allocates (checked against
     compiled kernels in tests/test_launch_config.py): the fp32 accumulator and scores,
@@ -369,13 +370,13 @@ def make_launch_config(
             programs = hopper_mla_schedule_programs(p, device)
     elif num_kv_splits is None:
         program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
-        num_kv_splits, hedge, schedule = split_hedge(p, device, program, p.num_kv_heads * head_blocks, block_n)
+        programs_per_row = p.num_kv_heads * head_blocks
+        num_kv_splits, hedge, schedule = split_hedge(p, device, program, programs_per_row, block_n)
         if device_schedule and num_kv_splits > 1 and schedule < hedge and device.vendor == "nvidia":
             # The splits are a hedge between a uniform and a long-tailed batch; the
             # schedule fits the work to the lengths instead (one wave of programs),
             # where the model finds the hedge costs more than the schedule's launch.
-            wave = max(1, device.num_sms * programs_per_sm(program, sm_shared_bytes(device))
-                       // (p.num_kv_heads * head_blocks))  # fmt: skip
+            wave = max(1, device.num_sms * programs_per_sm(program, sm_shared_bytes(device)) // programs_per_row)
             portable_schedule = True
 
     config = LaunchConfig(
