@@ -154,7 +154,6 @@ def _schedule_merge(
     BLOCK_HM: tl.constexpr,  # heads per program
     BLOCK_DV: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # next_power_of_2(NUM_PROGRAMS): a row has at most that many chunks
     HAS_SINKS: tl.constexpr,
     ROUND_BY_BITS: tl.constexpr,
     SKIP_WHOLE: tl.constexpr,  # rows of one chunk are stage 1's to write
@@ -176,18 +175,19 @@ def _schedule_merge(
         merges = count > 1
     if merges:
         slot = batch_idx + tl.load(row_info) // tl.load(schedule_ptr)  # b + first_p(b)
-        offs_s = tl.arange(0, BLOCK_S)
         offs_dv = tl.arange(0, BLOCK_DV)
         mask_dv = offs_dv < HEAD_DIM_V
         lse_rows = mid_lse_ptr + slot * STRIDE_MLS + tok * STRIDE_MLT + heads * STRIDE_MLH  # [BLOCK_HM]
-        chunk_lse = tl.load(lse_rows[None, :] + offs_s[:, None] * STRIDE_MLS,
-                            mask=(offs_s < count)[:, None] & mask_h[None, :], other=float("-inf"))  # fmt: skip
-        m = tl.max(chunk_lse, 0)
+        # Two passes over the chunks' LSEs (a few bytes each), not one tile of them: a row
+        # may have as many chunks as there are programs.
+        m = tl.full([BLOCK_HM], float("-inf"), dtype=tl.float32)
+        for chunk in range(count):
+            m = tl.maximum(m, tl.load(lse_rows + chunk * STRIDE_MLS, mask=mask_h, other=float("-inf")))
         if HAS_SINKS:
             sink = tl.load(sinks_ptr + heads, mask=mask_h, other=float("-inf"))
             m = tl.maximum(m, sink)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
-        denom = tl.sum(tl.exp(chunk_lse - m_safe[None, :]), 0)
+        denom = tl.zeros([BLOCK_HM], dtype=tl.float32)
         if HAS_SINKS:
             denom += tl.exp(sink - m_safe)
         o_rows = mid_o_ptr + slot * STRIDE_MOS + tok * STRIDE_MOT + heads[:, None] * STRIDE_MOH + offs_dv[None, :]
@@ -195,6 +195,7 @@ def _schedule_merge(
         acc = tl.zeros([BLOCK_HM, BLOCK_DV], dtype=tl.float32)
         for chunk in range(count):
             weight = tl.exp(tl.load(lse_rows + chunk * STRIDE_MLS, mask=mask_h, other=float("-inf")) - m_safe)
+            denom += weight
             acc += weight[:, None] * tl.load(o_rows + chunk * STRIDE_MOS, mask=mask_o, other=0.0)
         out_ptrs = out_ptr + batch_idx * STRIDE_OB + tok * STRIDE_OT + heads[:, None] * STRIDE_OH + offs_dv[None, :]
         lse_ptrs = lse_ptr + batch_idx * STRIDE_LB + tok * STRIDE_LT + heads[:, None] * STRIDE_LH

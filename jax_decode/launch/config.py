@@ -353,7 +353,6 @@ class LaunchConfig:
             BLOCK_HM=block_hm,
             BLOCK_DV=self.block_dv,
             NUM_PROGRAMS=self.schedule_programs,
-            BLOCK_S=next_power_of_2(self.schedule_programs),
             HAS_SINKS=p.has_sinks,
             ROUND_BY_BITS=self.device.vendor == "cpu",
             # The seesaw writes rows of one chunk to out itself (and the portable
