@@ -480,6 +480,7 @@ def bench_row(row: Row, wanted, ceilings: dict, device_time: bool, sweep: tuple[
         result["chosen"] = dict(
             variant=config.variant, splits=config.num_kv_splits, block_h=config.block_h, block_n=config.block_n,
             warps=config.num_warps, stages=config.num_stages,
+            schedule_programs=config.schedule_programs,  # > 0: the device-side schedule ran, not the splits
         )  # fmt: skip
     jax_arg_sets.clear()
     del problems

@@ -4,7 +4,7 @@ mean time (torch.profiler's CUDA activity) on benchmark rows.
     python -m benchmarks.kernel_times --rows "DeepSeek-V3 DP b64 ctx4096" [--splits 1 | --fixed-splits]
 
 A call launches two or three kernels (stage 1 and stage 2; under the device-side
-schedule of the Gluon MLA stage 1, the schedule, stage 1 and the merge); the table says
+schedule, the schedule, stage 1 and the merge); the table says
 which of them the time is in, which ``benchmarks.bench``'s totals do not.
 ``--fixed-splits`` and ``--portable-multi-token`` plan with ``device_schedule=False``
 and ``hopper_multi_token=False`` (the frontends' plan, as it was before those were
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="+", required=True, help="rows whose label contains one of these")
     parser.add_argument("--exclude", nargs="*", default=[], help="skip rows whose label contains one of these")
     parser.add_argument("--splits", type=int, default=None, help="fixed num_kv_splits (default: planned)")
-    parser.add_argument("--fixed-splits", action="store_true", help="no device-side schedule for the Gluon MLA stage 1")
+    parser.add_argument("--fixed-splits", action="store_true", help="no device-side schedule (fixed splits)")
     parser.add_argument("--portable-multi-token", action="store_true", help="q_len > 1 on the portable stage 1")
     parser.add_argument("--two-warpgroups", action="store_true", help="the Gluon MLA two-warpgroup kernel")
     parser.add_argument("--calls", type=int, default=50)

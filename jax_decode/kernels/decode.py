@@ -8,6 +8,9 @@ Imports only ``triton``.  Dimension names (used in every ``# [shape]`` comment):
 Stage 1 (one program per head block x batch row x KV split) walks its share of the
 sequence page by page and writes a partial, already normalised output and its natural
 log-sum-exp.  Stage 2 (one program per batch row x head) merges the splits by LSE.
+Under the device-side schedule (``SCHEDULED``, :mod:`jax_decode.kernels.schedule`)
+stage 1 instead runs a fixed number of programs per head block, each walking its equal
+share of the batch's tiles row by row, and the schedule's merge takes stage 2's place.
 
 Safety rules stage 1 follows (see :mod:`jax_decode.kernels.common`):
 
@@ -282,7 +285,10 @@ def _decode_stage1(
     ROUND_BY_BITS: tl.constexpr,  # the interpreter, whose float32 -> bfloat16 cast truncates
 ):
     """Attention of a row's query tokens over one KV split, for one head or a block of
-    query rows.
+    query rows; under the device-side schedule (grid ``(heads programs, NUM_PROGRAMS)``)
+    over the chunks of its rows that program ``program_id(1)``'s share holds, each to
+    partial slot ``row + program_id(1)`` (``mid_o`` ``[batch + NUM_PROGRAMS, (q_len,)
+    num_heads, head_dim_v]``, split strides 0).
 
     With one split (and no sinks) it may be given the final ``out`` (q's dtype) and
     ``lse`` with split strides 0: it writes exactly what stage 2 would, rounded to
