@@ -21,11 +21,12 @@ from support import assert_matches_oracle, run_jax
 
 torch = pytest.importorskip("torch")
 
+from torch_support import to_float64, to_tensor  # noqa: E402
+
 import jax_decode.api  # noqa: E402
 import torch_bridge  # noqa: E402
 import torch_bridge.ops  # noqa: E402
 from jax_decode.launch import DecodeProblem, DeviceInfo, make_launch_config  # noqa: E402
-from torch_support import to_float64, to_tensor  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 JAX_KERNEL_BACKEND = "triton" if HAS_GPU else "interpret"
@@ -92,6 +93,7 @@ def test_scheduled_stage1_matches_the_oracle_and_jax_bit_for_bit(case: Case, pro
 
 
 H200 = DeviceInfo("nvidia", 90, 132)
+ASKED = dict(portable_schedule=True)  # (the planner's default leaves the portable stage 1 unscheduled)
 
 
 def _gqa(batch: int, context: int, q_len: int = 1, **kwargs) -> DecodeProblem:
@@ -110,17 +112,18 @@ def test_the_planner_schedules_where_the_splits_hedge():
     of scheduled programs instead; never for one row, one split, explicit splits or the
     interpreter."""
     for batch, context, q_len in ((16, 8192, 1), (16, 8192, 4), (64, 4096, 1)):
-        config = make_launch_config(_gqa(batch, context, q_len), H200)
+        config = make_launch_config(_gqa(batch, context, q_len), H200, **ASKED)
         assert config.portable_scheduled, (batch, context, q_len)
+        assert not make_launch_config(_gqa(batch, context, q_len), H200).schedule_programs  # (off by default)
         assert config.num_kv_splits > 1  # the fixed splits it replaces (and stands on where it cannot run)
         assert config.stage1_grid == (4, config.schedule_programs, 1)
         assert 0.9 * 132 * 3 / 4 <= config.schedule_programs <= 132 * 4 / 4  # one wave at 3-4 programs per SM
         assert config.mid_o_shape == (batch + config.schedule_programs, *([q_len] if q_len > 1 else []), 28, 128)
-    assert not make_launch_config(_gqa(1, 32768), H200).schedule_programs  # one row: no tail to balance
-    assert not make_launch_config(_gqa(16, 8192), H200, 8).schedule_programs  # explicit splits
-    assert not make_launch_config(_gqa(16, 8192), H200, device_schedule=False).schedule_programs
-    assert not make_launch_config(_gqa(16, 8192), DeviceInfo.interpreter()).schedule_programs
-    short = make_launch_config(_gqa(256, 256), H200)
+    assert not make_launch_config(_gqa(1, 32768), H200, **ASKED).schedule_programs  # one row: no tail to balance
+    assert not make_launch_config(_gqa(16, 8192), H200, 8, **ASKED).schedule_programs  # explicit splits
+    assert not make_launch_config(_gqa(16, 8192), H200, device_schedule=False, **ASKED).schedule_programs
+    assert not make_launch_config(_gqa(16, 8192), DeviceInfo.interpreter(), **ASKED).schedule_programs
+    short = make_launch_config(_gqa(256, 256), H200, **ASKED)
     assert short.num_kv_splits == 1 and not short.schedule_programs  # one split writes out itself
 
 
@@ -135,7 +138,7 @@ def test_the_planner_schedules_where_the_model_finds_the_hedge_dearer():
                                                       (64, 4096, 32, 8, 128), (2, 2048, 32, 8, 128)):  # fmt: skip
         problem = _gqa(batch, context, num_heads=heads, num_kv_heads=kv_heads, head_dim_qk=head_dim,
                        head_dim_v=head_dim)  # fmt: skip
-        config = make_launch_config(problem, H200)
+        config = make_launch_config(problem, H200, **ASKED)
         c = config
         program = program_shape(problem, H200, c.block_h, c.block_n, c.num_warps, c.num_stages, c.block_dmodel,
                                 c.block_dpe, c.block_dv)  # fmt: skip

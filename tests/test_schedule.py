@@ -97,7 +97,7 @@ def test_schedule_kernel_follows_the_rule(name, num_sms):
     per, first_rows, end_rows, starts, chunks = expected_schedule(seq_lens, capacity, programs,
                                                                   HOPPER_MLA_CHUNK_COST)  # fmt: skip
     counts = [sum(b == row for mine in chunks for row, _, _ in mine) for b in range(len(seq_lens))]
-    assert got == [per, *first_rows, *end_rows, *(x for pair in zip(starts, counts) for x in pair)]
+    assert got == [per, *first_rows, *end_rows, *(x for pair in zip(starts, counts, strict=True) for x in pair)]
 
     # What the rule guarantees: every tile of every row in exactly one chunk; no program
     # over W positions; every row in at least one chunk; one slot per chunk.

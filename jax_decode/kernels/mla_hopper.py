@@ -630,7 +630,8 @@ def _seesaw_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRI
         program = gl.program_id(1)
         seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row), 0), CAPACITY)
         tiles = gl.cdiv(seq_len, 64)
-        first_pos = program * gl.load(schedule_ptr) - gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * row) - CHUNK_COST
+        row_start = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * row)  # S_b
+        first_pos = program * gl.load(schedule_ptr) - row_start - CHUNK_COST
         tile_lo = gl.minimum(gl.maximum(first_pos, 0), tiles)
         tile_hi = gl.minimum(gl.maximum(first_pos + gl.load(schedule_ptr), 0), tiles)
         start = tile_lo * 64

@@ -246,8 +246,11 @@ class LaunchConfig:
             STRIDE_VS=strides.v[1],
             STRIDE_VH=strides.v[2],
             STRIDE_PTB=strides.page_table,
-            **(_scheduled_stage1_out_strides(p) if self.portable_scheduled
-               else _stage1_out_strides(strides, final=self.one_pass and not partials)),
+            **(
+                _scheduled_stage1_out_strides(p)
+                if self.portable_scheduled
+                else _stage1_out_strides(strides, final=self.one_pass and not partials)
+            ),
             SM_SCALE=float(p.sm_scale),
             LOGIT_CAP=float(p.logit_cap),
             K_SCALE=p.k_scale,

@@ -309,6 +309,7 @@ def make_launch_config(
     *,
     device_schedule: bool = True,
     hopper_multi_token: bool = True,
+    portable_schedule: bool = False,
 ) -> LaunchConfig:
     """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one.
 
@@ -321,6 +322,9 @@ def make_launch_config(
     docs/performance.md).  False: fixed splits (benchmarks compare).
     ``hopper_multi_token``: let the Gluon MLA stage 1 take several query tokens per row
     (its rows (token, head) pairs); False keeps them on the portable kernel.
+    ``portable_schedule``: let ``device_schedule`` apply to the portable stage 1 too,
+    where the cost model finds the fixed splits' hedge dearer than the schedule (off by
+    default: not yet timed on a GPU; benchmarks and tests ask for it).
     """
     p = problem
     check_cache_dtype_on_device(p.cache_dtype, device)
@@ -363,7 +367,7 @@ def make_launch_config(
         num_warps = 4
 
     hopper_mla = _hopper_mla(p, device, hopper_multi_token)
-    programs, portable_schedule = 0, False
+    programs, wave = 0, 0
     if num_kv_splits is None and hopper_mla:
         num_kv_splits = hopper_mla_splits(p, device)
         if device_schedule and num_kv_splits > 1:
@@ -372,12 +376,12 @@ def make_launch_config(
         program = program_shape(p, device, block_h, block_n, num_warps, num_stages, block_dmodel, block_dpe, block_dv)
         programs_per_row = p.num_kv_heads * head_blocks
         num_kv_splits, hedge, schedule = split_hedge(p, device, program, programs_per_row, block_n)
-        if device_schedule and num_kv_splits > 1 and schedule < hedge and device.vendor == "nvidia":
+        asked = portable_schedule and device_schedule and device.vendor == "nvidia"
+        if asked and num_kv_splits > 1 and schedule < hedge:
             # The splits are a hedge between a uniform and a long-tailed batch; the
             # schedule fits the work to the lengths instead (one wave of programs),
             # where the model finds the hedge costs more than the schedule's launch.
             wave = max(1, device.num_sms * programs_per_sm(program, sm_shared_bytes(device)) // programs_per_row)
-            portable_schedule = True
 
     config = LaunchConfig(
         problem=p,
@@ -396,7 +400,7 @@ def make_launch_config(
         hopper_mla=hopper_mla,
         schedule_programs=programs,
     )
-    if portable_schedule:
+    if wave:  # the portable stage 1 under the schedule
         programs = schedule_programs(p, wave, block_n, config.schedule_chunk_cost)
         config = dataclasses.replace(config, schedule_programs=programs)
     return config
