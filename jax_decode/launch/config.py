@@ -29,9 +29,11 @@ HOPPER_MLA_TILE = 64
 # The device-side schedule's fixed cost of starting a row's chunk (loading Q, filling
 # the pipeline, writing a partial result), in 64-token tiles; FlashMLA uses 5 too.
 HOPPER_MLA_CHUNK_COST = 5
-# Heads per program of the schedule's merge: a uniform batch's merge only finds that
-# stage 1 wrote every row itself, and 8x fewer programs than one per head find it sooner.
-SCHEDULE_MERGE_HEADS = 16
+# Heads per program of the schedule's merge: enough programs to read many rows' chunks
+# in parallel, few enough that a uniform batch's merge, which only finds that stage 1
+# wrote every row itself, ends soon (H100, DeepSeek-V3: 4 heads per program took DP b64's
+# merge from 9.3 us at one head to 2.3; 16 heads cost DP b16, whose rows all merge, 7 us).
+SCHEDULE_MERGE_HEADS = 4
 _POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 Variant = Literal["mha", "grouped"]
