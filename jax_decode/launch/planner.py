@@ -323,8 +323,10 @@ def make_launch_config(
     ``hopper_multi_token``: let the Gluon MLA stage 1 take several query tokens per row
     (its rows (token, head) pairs); False keeps them on the portable kernel.
     ``portable_schedule``: let ``device_schedule`` apply to the portable stage 1 too,
-    where the cost model finds the fixed splits' hedge dearer than the schedule (off by
-    default: not yet timed on a GPU; benchmarks and tests ask for it).
+    where the cost model finds the fixed splits' hedge dearer than the schedule.  Off
+    by default: on an H100 the schedule beat every fixed split on long-tailed batches
+    (3-7%) but ranged from 4% faster to 8% slower than the hedge on uniform ones, which
+    this rule does not yet tell apart (docs/performance.md).
     """
     p = problem
     check_cache_dtype_on_device(p.cache_dtype, device)
