@@ -113,25 +113,29 @@ def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 
     ``plan_options`` of ``make_launch_config`` (which the frontends do not pass);
     ``schedule_programs``: that many programs under the device-side schedule instead."""
     from jax_decode.launch import make_launch_config
-    from jax_decode.operands import DecodeOperands, Spec
-    from jax_decode.prepare import DECODE_NAMES, DecodeOptions, decode_problem
+    from jax_decode.operands import DecodeOperands
+    from jax_decode.prepare import DecodeOptions, prepare_decode
     from torch_bridge.launcher import launch_decode
-    from torch_bridge.ops import device_info
+    from torch_bridge.ops import TORCH, device_info
 
     problem = case.problem()
     expect_nan = _adversarial(problem, variant)
     q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
     if views:
         q, k, v, pt, sl = _views(q, k, v, pt, sl)
-    specs = DecodeOperands(*(None if a is None else Spec(tuple(a.shape), a.dtype) for a in problem.arrays))
-    decode = decode_problem(specs, DecodeOptions(problem.head_dim_v, None, case.logit_cap, None), DECODE_NAMES)
+    head_dim_v = problem.head_dim_v if case.mla else None
+    extras = {name: to_tensor(x, DEVICE) for name, x in problem.extras.items()}  # fp8 scales, sinks
+    given = DecodeOperands(q, k, v, pt, sl, extras.get("k_scale"), extras.get("v_scale"), extras.get("sinks"))
+    decode, ops = prepare_decode(given, DecodeOptions(head_dim_v, None, case.logit_cap, case.window_left), TORCH)
     config = make_launch_config(decode, device_info(q.device), case.num_kv_splits, **plan_options)
     if schedule_programs:
         config = dataclasses.replace(config, schedule_programs=schedule_programs)
     out = torch.empty(decode.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(decode.lse_shape, dtype=torch.float32, device=q.device)
-    launch_decode(config, DecodeOperands(q, k, v, pt, sl), None, None, out, lse)
-    expected, expected_lse = decode_attention_reference(*problem.arrays, head_dim_v=problem.head_dim_v)
+    launch_decode(config, ops, None, None, out, lse)
+    expected, expected_lse = decode_attention_reference(
+        *problem.arrays, head_dim_v=head_dim_v, **problem.extras, **case.oracle_options()
+    )
     got, lse = out.float().cpu().numpy(), lse.cpu().numpy()
     if expect_nan:  # only the poisoned rows may be NaN
         rows = [0, 1][: len(got) - 2]
