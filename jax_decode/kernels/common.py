@@ -84,8 +84,7 @@ def store_merged(acc, denom, m_safe, out_ptrs, lse_ptr, mask_dv, ROUND_BY_BITS: 
         tl.store(out_ptrs, out, mask=mask_dv)
         tl.store(lse_ptr, lse)
     else:
-        # (where, not &: the interpreter's & of a tensor and a scalar mask is no mask dtype)
-        tl.store(out_ptrs, out, mask=tl.where(row_mask, mask_dv, False))
+        tl.store(out_ptrs, out, mask=row_mask & mask_dv)
         tl.store(lse_ptr, lse, mask=row_mask)
 
 
