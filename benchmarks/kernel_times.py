@@ -8,7 +8,8 @@ schedule, the schedule, stage 1 and the merge); the table says
 which of them the time is in, which ``benchmarks.bench``'s totals do not.
 ``--fixed-splits`` and ``--portable-multi-token`` plan with ``device_schedule=False``
 and ``hopper_multi_token=False`` (the frontends' plan, as it was before those were
-measured), ``--two-warpgroups`` runs the Gluon MLA stage 1's two-warpgroup kernel where
+measured), ``--portable-schedule`` with ``portable_schedule=True``, ``--two-warpgroups``
+runs the Gluon MLA stage 1's two-warpgroup kernel where
 the plan has the seesaw; these launch through torch_bridge's launcher.
 """
 
@@ -19,6 +20,9 @@ import collections
 
 from benchmarks.bench import _options, _problem_for, row_problem
 from benchmarks.suites import SUITES
+
+# make_launch_config's options as the frontends plan (launched through torch_bridge's API).
+_FRONTEND_PLAN = dict(device_schedule=True, hopper_multi_token=True, portable_schedule=False)
 
 
 def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw: bool = True, **plan_options):
@@ -41,7 +45,7 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
         return torch_bridge.decode_attention(*problem.arrays, num_kv_splits=num_kv_splits, **problem.extras,
                                              **_options(row))  # fmt: skip
 
-    if not (seesaw and all(plan_options.values())):
+    if not seesaw or plan_options != _FRONTEND_PLAN:
         config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
         config = dataclasses.replace(config, hopper_seesaw=seesaw)
         ops = DecodeOperands(*problem.arrays)
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", type=int, default=None, help="fixed num_kv_splits (default: planned)")
     parser.add_argument("--fixed-splits", action="store_true", help="no device-side schedule (fixed splits)")
     parser.add_argument("--portable-multi-token", action="store_true", help="q_len > 1 on the portable stage 1")
+    parser.add_argument("--portable-schedule", action="store_true", help="let the schedule take the portable stage 1")
     parser.add_argument("--two-warpgroups", action="store_true", help="the Gluon MLA two-warpgroup kernel")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
@@ -86,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         if row.label in seen:
             continue
         seen.add(row.label)
-        options = dict(device_schedule=not args.fixed_splits, hopper_multi_token=not args.portable_multi_token)
+        options = dict(
+            device_schedule=not args.fixed_splits,
+            hopper_multi_token=not args.portable_multi_token,
+            portable_schedule=args.portable_schedule,
+        )
         times = kernel_times(row, args.calls, args.splits, not args.two_warpgroups, **options)
         parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
         print(f"{row.label}: {sum(times.values()):.1f} us = {parts}")
