@@ -379,13 +379,13 @@ def make_launch_config(
         programs_per_row = p.num_kv_heads * head_blocks
         num_kv_splits, hedge, schedule = split_hedge(p, device, program, programs_per_row, block_n)
         asked = portable_schedule and device_schedule and device.vendor == "nvidia"
-        resident = device.num_sms * programs_per_sm(program, sm_shared_bytes(device)) // programs_per_row
-        if asked and num_kv_splits > 1 and schedule < hedge and resident > 1:
+        if asked and num_kv_splits > 1 and schedule < hedge:
             # The splits are a hedge between a uniform and a long-tailed batch; the
             # schedule fits the work to the lengths instead (one wave of programs),
             # where the model finds the hedge costs more than the schedule's launch
             # (and a wave holds more than one program per head block).
-            wave = resident
+            resident = device.num_sms * programs_per_sm(program, sm_shared_bytes(device)) // programs_per_row
+            wave = resident if resident > 1 else 0
 
     config = LaunchConfig(
         problem=p,
