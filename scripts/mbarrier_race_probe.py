@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from jax_decode.kernels.mla_hopper import _barrier, _cta_barrier
 
-ROUNDS = 8
+ROUNDS = gl.constexpr(8)  # handoffs per run
 
 
 @gluon.jit
@@ -34,7 +34,7 @@ def _writer(args, consts: gl.constexpr):
     buf, bar_a, bar_b, out_ptr = args
     layout: gl.constexpr = consts[1]
     offs = gl.arange(0, 64, layout=layout)
-    for j in range(8):
+    for j in range(ROUNDS):
         mbarrier.wait(bar_b, (j - 1) & 1, pred=j > 0)
         buf.store(offs.to(gl.float32) + j)
         _cta_barrier()
@@ -48,7 +48,7 @@ def _reader(args, consts: gl.constexpr):
     layout: gl.constexpr = consts[1]
     offs = gl.arange(0, 64, layout=layout)
     acc = gl.zeros([64], gl.float32, layout=layout)
-    for j in range(8):
+    for j in range(ROUNDS):
         mbarrier.wait(bar_a, j & 1)
         if BROKEN:  # releases the buffer before reading it
             _cta_barrier()
@@ -82,7 +82,7 @@ def main() -> None:
     out = torch.zeros(64, device="cuda")
     _probe[(1,)](out, broken, quad, num_warps=4)
     torch.cuda.synchronize()
-    expected = torch.arange(64, device="cuda", dtype=torch.float32) * ROUNDS + sum(range(ROUNDS))
+    expected = torch.arange(64, device="cuda", dtype=torch.float32) * ROUNDS.value + sum(range(ROUNDS.value))
     matches = "matches" if torch.equal(out, expected) else "DIFFERS"
     print(f"{'broken' if broken else 'correct'} protocol{' (quad rows)' if quad else ''}: output {matches}")
 
