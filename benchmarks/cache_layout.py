@@ -1,0 +1,152 @@
+"""Does the order of a page's bytes limit the fp8 rows? The same rows with the cache
+token-major inside a page (``[page, token, kv_head, d]``, vLLM's layout: one KV head's
+share of a token is ``d`` bytes, the next token's ``num_kv_heads * d`` bytes on) and
+head-major (``[page, kv_head, token, d]``, passed as the strided view
+``cache.transpose(1, 2)``: a KV head's tokens of a page are contiguous).
+
+    python -m benchmarks.cache_layout --rows "Llama-3.1-8B b64 ctx4096" [--splits 1 4 8]
+
+Two measurements per row and layout, CUDA-graph device time:
+
+* ``torch_bridge.decode_attention`` (the planned launch, or ``--splits``), its output
+  checked equal to the token-major call's (same kernel, same values: bitwise);
+* a page walk: a kernel that reads exactly the K and V bytes stage 1 reads, program by
+  program in stage 1's grid order (KV heads fastest), and only sums them -- the
+  access pattern's own ceiling, with no attention arithmetic.
+
+Bandwidth is the KV bytes a call must read over its time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _page_walk(
+    k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, out_ptr,
+    STRIDE_KP, STRIDE_KS, STRIDE_KH, STRIDE_VP, STRIDE_VS, STRIDE_VH, STRIDE_PTB,
+    D: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+):  # fmt: skip
+    """Sum of one KV head's K and V over one split of one row (grid: kv heads, batch, splits)."""
+    kv_head = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    length = tl.load(seq_lens_ptr + row)
+    per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, length)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    acc = tl.zeros([D], dtype=tl.float32)
+    for first in range(start, end, BLOCK_N):
+        tokens = first + offs_n
+        live = tokens < end
+        page = tl.load(page_table_ptr + row * STRIDE_PTB + tokens // PAGE_SIZE, mask=live, other=0).to(tl.int64)
+        slot = (tokens % PAGE_SIZE).to(tl.int64)
+        k_rows = page * STRIDE_KP + slot * STRIDE_KS + kv_head * STRIDE_KH
+        v_rows = page * STRIDE_VP + slot * STRIDE_VS + kv_head * STRIDE_VH
+        k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=live[:, None], other=0.0)
+        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=live[:, None], other=0.0)
+        acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), axis=0)
+    tl.store(out_ptr + ((row * SPLITS + split) * tl.num_programs(0) + kv_head) * D + offs_d, acc)
+
+
+def head_major(cache):
+    """The same values with each page's bytes head-major, as a token-major strided view."""
+    return cache.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def page_walk(problem, splits: int, block_n: int, num_warps: int, num_stages: int):
+    """A function launching the page walk on ``problem`` (torch tensors)."""
+    import torch
+
+    k, v, page_table, seq_lens = problem.k_cache, problem.v_cache, problem.page_table, problem.seq_lens
+    num_kv_heads, d = k.shape[2], k.shape[3]
+    batch = page_table.shape[0]
+    out = torch.empty(batch * splits * num_kv_heads * d, dtype=torch.float32, device=k.device)
+
+    def call():
+        _page_walk[(num_kv_heads, batch, splits)](
+            k, v, page_table, seq_lens, out, *k.stride()[:3], *v.stride()[:3], page_table.stride(0),
+            D=d, PAGE_SIZE=k.shape[1], BLOCK_N=block_n, SPLITS=splits, num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+
+    return call
+
+
+def main(argv: list[str] | None = None) -> int:
+    import dataclasses
+
+    import torch
+
+    import torch_bridge
+    from benchmarks import timing
+    from benchmarks.bench import _options, _problem_for, environment
+    from benchmarks.inputs import TorchArrays
+    from benchmarks.suites import SUITES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", nargs="+", required=True, help="rows whose label contains one of these")
+    parser.add_argument("--splits", type=int, nargs="*", default=[], help="fixed splits besides the planned launch")
+    parser.add_argument("--walk", nargs="*", default=["32:4:3", "64:4:3", "128:8:3"],
+                        help="page-walk configs BLOCK_N:warps:stages")  # fmt: skip
+    parser.add_argument("--walk-splits", type=int, default=4)
+    parser.add_argument("--json", help="write the records here")
+    args = parser.parse_args(argv)
+
+    rows = [r for suite in SUITES.values() for r in suite if any(s in r.label for s in args.rows)]
+    rows = list({r.label: r for r in rows}.values())
+    records = []
+    print(json.dumps(environment()), flush=True)
+    for row in rows:
+        problems = [_problem_for(row, TorchArrays("cuda"), seed) for seed in range(2)]  # 2 x >= 100 MB: past L2
+        kv_bytes = problems[0].kv_bytes(row.window_left)
+        layouts = {
+            "token-major": problems,
+            "head-major": [
+                dataclasses.replace(p, k_cache=head_major(p.k_cache), v_cache=head_major(p.v_cache)) for p in problems
+            ],
+        }
+        expected = {}
+        for layout, sets in layouts.items():
+            for splits in [None, *args.splits]:
+
+                def fn(p, splits=splits):
+                    return torch_bridge.decode_attention(*p.arrays, num_kv_splits=splits, **p.extras, **_options(row))
+
+                got = fn(sets[0])
+                same = None
+                if layout == "token-major":
+                    expected[splits] = got
+                else:
+                    same = bool(torch.equal(got, expected[splits]))
+                us = timing.time_torch(fn, sets, device_time=True) * 1e3
+                rec = dict(row=row.label, layout=layout, kind="decode_attention", splits=splits, us=round(us, 1),
+                           tbps=round(kv_bytes / us / 1e6, 3), bitwise_equal=same)  # fmt: skip
+                records.append(rec)
+                print(json.dumps(rec), flush=True)
+            for config in args.walk:
+                block_n, warps, stages = map(int, config.split(":"))
+                calls = [page_walk(p, args.walk_splits, block_n, warps, stages) for p in sets]
+                us = timing.time_torch(lambda c: c(), calls, device_time=True) * 1e3
+                rec = dict(row=row.label, layout=layout, kind="page_walk", splits=args.walk_splits, config=config,
+                           us=round(us, 1), tbps=round(kv_bytes / us / 1e6, 3))  # fmt: skip
+                records.append(rec)
+                print(json.dumps(rec), flush=True)
+        del problems, layouts
+        torch.cuda.empty_cache()
+    records.append(dict(copy_tbps=round(timing.copy_bandwidth_tbps(), 3)))
+    print(json.dumps(records[-1]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(environment=environment(), records=records), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
