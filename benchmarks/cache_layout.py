@@ -113,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             ],
         }
         expected = {}
+        options = _options(row)
         for layout, sets in layouts.items():
             for splits in [None, *args.splits]:
 
-                def fn(p, splits=splits):
-                    return torch_bridge.decode_attention(*p.arrays, num_kv_splits=splits, **p.extras, **_options(row))
+                def fn(p, splits=splits, options=options):
+                    return torch_bridge.decode_attention(*p.arrays, num_kv_splits=splits, **p.extras, **options)
 
                 got = fn(sets[0])
                 same = None
