@@ -12,7 +12,10 @@ Two measurements per row and layout, CUDA-graph device time:
   checked equal to the token-major call's (same kernel, same values: bitwise);
 * a page walk: a kernel that reads exactly the K and V bytes stage 1 reads, program by
   program in stage 1's grid order (KV heads fastest), and only sums them -- the
-  access pattern's own ceiling, with no attention arithmetic.
+  access pattern's own ceiling, with no attention arithmetic; ``--walk`` configs
+  ending in ``:1`` read the same bytes as int32 words (no per-element widening).
+
+``--page-sizes`` adds the rows again with other page sizes, ``--layouts`` picks layouts.
 
 Bandwidth is the KV bytes a call must read over its time.
 """
@@ -20,6 +23,7 @@ Bandwidth is the KV bytes a call must read over its time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import triton
@@ -61,20 +65,31 @@ def head_major(cache):
     return cache.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-def page_walk(problem, splits: int, block_n: int, num_warps: int, num_stages: int):
-    """A function launching the page walk on ``problem`` (torch tensors)."""
+def page_walk(problem, splits: int, block_n: int, num_warps: int, num_stages: int, words: bool = False):
+    """A function launching the page walk on ``problem`` (torch tensors); with ``words``
+    the cache read as int32 words (the same bytes, no per-element conversion)."""
     import torch
 
     k, v, page_table, seq_lens = problem.k_cache, problem.v_cache, problem.page_table, problem.seq_lens
+    if words:
+        k, v = k.view(torch.int32), v.view(torch.int32)
     num_kv_heads, d = k.shape[2], k.shape[3]
     batch = page_table.shape[0]
     out = torch.empty(batch * splits * num_kv_heads * d, dtype=torch.float32, device=k.device)
 
     def call():
-        _page_walk[(num_kv_heads, batch, splits)](
-            k, v, page_table, seq_lens, out, *k.stride()[:3], *v.stride()[:3], page_table.stride(0),
-            D=d, PAGE_SIZE=k.shape[1], BLOCK_N=block_n, SPLITS=splits, num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
+        kernel = _page_walk
+        with contextlib.ExitStack() as stack:
+            if k.device.type == "cpu":  # Triton's interpreter (the tests)
+                from jax_decode.interpreter import _interpreted, interpreting
+
+                stack.enter_context(interpreting())
+                kernel = _interpreted(_page_walk.fn)
+            kernel[(num_kv_heads, batch, splits)](
+                k, v, page_table, seq_lens, out, *k.stride()[:3], *v.stride()[:3], page_table.stride(0),
+                D=d, PAGE_SIZE=k.shape[1], BLOCK_N=block_n, SPLITS=splits, num_warps=num_warps, num_stages=num_stages,
+            )  # fmt: skip
+        return out.view(batch, splits, num_kv_heads, d)
 
     return call
 
@@ -94,13 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="+", required=True, help="rows whose label contains one of these")
     parser.add_argument("--splits", type=int, nargs="*", default=[], help="fixed splits besides the planned launch")
     parser.add_argument("--walk", nargs="*", default=["32:4:3", "64:4:3", "128:8:3"],
-                        help="page-walk configs BLOCK_N:warps:stages")  # fmt: skip
+                        help="page-walk configs BLOCK_N:warps:stages[:1 to read int32 words]")  # fmt: skip
     parser.add_argument("--walk-splits", type=int, default=4)
+    parser.add_argument("--page-sizes", type=int, nargs="*", default=[], help="the rows again at these page sizes")
+    parser.add_argument("--layouts", nargs="*", default=["token-major", "head-major"])
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
 
-    rows = [r for suite in SUITES.values() for r in suite if any(s in r.label for s in args.rows)]
+    rows = [r for name in ("core", "models") for r in SUITES[name]() if any(s in r.label for s in args.rows)]
     rows = list({r.label: r for r in rows}.values())
+    rows += [dataclasses.replace(r, name=f"{r.name} page{n}", page_size=n) for r in rows for n in args.page_sizes]
     records = []
     print(json.dumps(environment()), flush=True)
     for row in rows:
@@ -112,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 dataclasses.replace(p, k_cache=head_major(p.k_cache), v_cache=head_major(p.v_cache)) for p in problems
             ],
         }
+        layouts = {name: sets for name, sets in layouts.items() if name in args.layouts}
         expected = {}
         options = _options(row)
         for layout, sets in layouts.items():
@@ -122,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 got = fn(sets[0])
                 same = None
-                if layout == "token-major":
+                if splits not in expected:
                     expected[splits] = got
                 else:
                     same = bool(torch.equal(got, expected[splits]))
@@ -132,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
             for config in args.walk:
-                block_n, warps, stages = map(int, config.split(":"))
-                calls = [page_walk(p, args.walk_splits, block_n, warps, stages) for p in sets]
+                block_n, warps, stages, *words = map(int, config.split(":"))
+                calls = [page_walk(p, args.walk_splits, block_n, warps, stages, bool(words and words[0])) for p in sets]
                 us = timing.time_torch(lambda c: c(), calls, device_time=True) * 1e3
                 rec = dict(row=row.label, layout=layout, kind="page_walk", splits=args.walk_splits, config=config,
                            us=round(us, 1), tbps=round(kv_bytes / us / 1e6, 3))  # fmt: skip
