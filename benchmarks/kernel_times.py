@@ -10,7 +10,9 @@ which of them the time is in, which ``benchmarks.bench``'s totals do not.
 and ``hopper_multi_token=False`` (the frontends' plan, as it was before those were
 measured), ``--portable-schedule`` with ``portable_schedule=True``, ``--two-warpgroups``
 runs the Gluon MLA stage 1's two-warpgroup kernel where
-the plan has the seesaw; these launch through torch_bridge's launcher.
+the plan has the seesaw, ``--schedule-programs N ...`` the device-side schedule with N
+programs per head block where the plan has it; these launch through torch_bridge's
+launcher.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from benchmarks.suites import SUITES
 _FRONTEND_PLAN = dict(device_schedule=True, hopper_multi_token=True, portable_schedule=False)
 
 
-def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw: bool = True, **plan_options):
+def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw: bool = True,
+                 schedule_programs: int | None = None, **plan_options):  # fmt: skip
     """Mean device microseconds per call of each kernel one call of ``row`` launches."""
     import dataclasses
 
@@ -45,9 +48,11 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
         return torch_bridge.decode_attention(*problem.arrays, num_kv_splits=num_kv_splits, **problem.extras,
                                              **_options(row))  # fmt: skip
 
-    if not seesaw or plan_options != _FRONTEND_PLAN:
+    if not seesaw or plan_options != _FRONTEND_PLAN or schedule_programs is not None:
         config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
         config = dataclasses.replace(config, hopper_seesaw=seesaw)
+        if schedule_programs is not None and config.schedule_programs:
+            config = dataclasses.replace(config, schedule_programs=schedule_programs)
         ops = DecodeOperands(*problem.arrays)
         out = torch.empty(config.problem.out_shape, dtype=problem.q.dtype, device="cuda")
         lse = torch.empty(config.problem.lse_shape, dtype=torch.float32, device="cuda")
@@ -78,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--portable-multi-token", action="store_true", help="q_len > 1 on the portable stage 1")
     parser.add_argument("--portable-schedule", action="store_true", help="let the schedule take the portable stage 1")
     parser.add_argument("--two-warpgroups", action="store_true", help="the Gluon MLA two-warpgroup kernel")
+    parser.add_argument(
+        "--schedule-programs",
+        type=int,
+        nargs="*",
+        default=[None],
+        help="programs per head block where the plan has the device-side schedule",
+    )
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
     rows = [
@@ -96,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             hopper_multi_token=not args.portable_multi_token,
             portable_schedule=args.portable_schedule,
         )
-        times = kernel_times(row, args.calls, args.splits, not args.two_warpgroups, **options)
-        parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
-        print(f"{row.label}: {sum(times.values()):.1f} us = {parts}")
+        for programs in args.schedule_programs:
+            times = kernel_times(row, args.calls, args.splits, not args.two_warpgroups, programs, **options)
+            parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
+            label = row.label if programs is None else f"{row.label} ({programs} programs)"
+            print(f"{label}: {sum(times.values()):.1f} us = {parts}", flush=True)
     return 0
 
 
