@@ -10,9 +10,11 @@ Two measurements per row and layout, CUDA-graph device time:
 
 * ``torch_bridge.decode_attention`` (the planned launch, or ``--splits``), its output
   checked equal to the token-major call's (same kernel, same values: bitwise);
-* a page walk: a kernel that reads exactly the K and V bytes stage 1 reads, program by
-  program in stage 1's grid order (KV heads fastest), and only sums them -- the
-  access pattern's own ceiling, with no attention arithmetic; ``--walk`` configs
+* a page walk: a kernel that reads exactly the K and V bytes stage 1 reads (its splits'
+  bounds, window included), one program per KV head and split in stage 1's grid order
+  (KV heads fastest), and only sums them -- the access pattern's own ceiling, with no
+  attention arithmetic (stage 1 with several programs per KV head reads a tile once
+  per program, the others' reads served by L2); ``--walk`` configs
   ending in ``:1`` read the same bytes as int32 words (no per-element widening).
 
 ``--page-sizes`` adds the rows again with other page sizes, ``--layouts`` picks layouts.
@@ -29,24 +31,26 @@ import json
 import triton
 import triton.language as tl
 
+from jax_decode.kernels.common import row_length, split_bounds
+
 
 @triton.jit
 def _page_walk(
     k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, out_ptr,
     STRIDE_KP, STRIDE_KS, STRIDE_KH, STRIDE_VP, STRIDE_VS, STRIDE_VH, STRIDE_PTB,
-    D: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, CAPACITY: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, WINDOW_LEFT: tl.constexpr,
 ):  # fmt: skip
-    """Sum of one KV head's K and V over one split of one row (grid: kv heads, batch, splits)."""
+    """Sum of one KV head's K and V over one split of one row (grid: kv heads, batch,
+    splits), the split's tokens as stage 1 bounds them (its window included)."""
     kv_head = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    length = tl.load(seq_lens_ptr + row)
-    per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
-    end = tl.minimum(start + per_split, length)
+    start, end = split_bounds(row_length(seq_lens_ptr, row, CAPACITY), split, SPLITS, BLOCK_N, WINDOW_LEFT, 1)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    acc = tl.zeros([D], dtype=tl.float32)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for first in range(start, end, BLOCK_N):
         tokens = first + offs_n
         live = tokens < end
@@ -54,10 +58,11 @@ def _page_walk(
         slot = (tokens % PAGE_SIZE).to(tl.int64)
         k_rows = page * STRIDE_KP + slot * STRIDE_KS + kv_head * STRIDE_KH
         v_rows = page * STRIDE_VP + slot * STRIDE_VS + kv_head * STRIDE_VH
-        k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=live[:, None], other=0.0)
-        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=live[:, None], other=0.0)
+        mask = live[:, None] & mask_d[None, :]
+        k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
         acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), axis=0)
-    tl.store(out_ptr + ((row * SPLITS + split) * tl.num_programs(0) + kv_head) * D + offs_d, acc)
+    tl.store(out_ptr + ((row * SPLITS + split) * tl.num_programs(0) + kv_head) * D + offs_d, acc, mask=mask_d)
 
 
 def head_major(cache):
@@ -65,9 +70,11 @@ def head_major(cache):
     return cache.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-def page_walk(problem, splits: int, block_n: int, num_warps: int, num_stages: int, words: bool = False):
+def page_walk(problem, splits: int, block_n: int, num_warps: int, num_stages: int, words: bool = False,
+              window_left: int | None = None):  # fmt: skip
     """A function launching the page walk on ``problem`` (torch tensors); with ``words``
-    the cache read as int32 words (the same bytes, no per-element conversion)."""
+    the cache read as int32 words (the same bytes, no per-element conversion: rows whose
+    bytes are a multiple of 4)."""
     import torch
 
     k, v, page_table, seq_lens = problem.k_cache, problem.v_cache, problem.page_table, problem.seq_lens
@@ -87,7 +94,9 @@ def page_walk(problem, splits: int, block_n: int, num_warps: int, num_stages: in
                 kernel = _interpreted(_page_walk.fn)
             kernel[(num_kv_heads, batch, splits)](
                 k, v, page_table, seq_lens, out, *k.stride()[:3], *v.stride()[:3], page_table.stride(0),
-                D=d, PAGE_SIZE=k.shape[1], BLOCK_N=block_n, SPLITS=splits, num_warps=num_warps, num_stages=num_stages,
+                D=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=k.shape[1], CAPACITY=k.shape[1] * page_table.shape[1],
+                BLOCK_N=block_n, SPLITS=splits, WINDOW_LEFT=-1 if window_left is None else window_left,
+                num_warps=num_warps, num_stages=num_stages,
             )  # fmt: skip
         return out.view(batch, splits, num_kv_heads, d)
 
@@ -157,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rec), flush=True)
             for config in args.walk:
                 block_n, warps, stages, *words = map(int, config.split(":"))
-                calls = [page_walk(p, args.walk_splits, block_n, warps, stages, bool(words and words[0])) for p in sets]
+                as_words = bool(words and words[0])
+                calls = [
+                    page_walk(p, args.walk_splits, block_n, warps, stages, as_words, row.window_left) for p in sets
+                ]
                 us = timing.time_torch(lambda c: c(), calls, device_time=True) * 1e3
                 rec = dict(row=row.label, layout=layout, kind="page_walk", splits=args.walk_splits, config=config,
                            us=round(us, 1), tbps=round(kv_bytes / us / 1e6, 3))  # fmt: skip

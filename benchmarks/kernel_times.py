@@ -11,7 +11,7 @@ and ``hopper_multi_token=False`` (the frontends' plan, as it was before those we
 measured), ``--portable-schedule`` with ``portable_schedule=True``, ``--two-warpgroups``
 runs the Gluon MLA stage 1's two-warpgroup kernel where
 the plan has the seesaw, ``--schedule-programs N ...`` the device-side schedule with N
-programs per head block where the plan has it; these launch through torch_bridge's
+programs per head block (rows whose plan has none are refused); these launch through torch_bridge's
 launcher.
 """
 
@@ -51,7 +51,9 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
     if not seesaw or plan_options != _FRONTEND_PLAN or schedule_programs is not None:
         config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
         config = dataclasses.replace(config, hopper_seesaw=seesaw)
-        if schedule_programs is not None and config.schedule_programs:
+        if schedule_programs is not None:
+            if not config.schedule_programs:
+                raise ValueError(f"{row.label}: its plan has no device-side schedule for {schedule_programs} programs")
             config = dataclasses.replace(config, schedule_programs=schedule_programs)
         ops = DecodeOperands(*problem.arrays)
         out = torch.empty(config.problem.out_shape, dtype=problem.q.dtype, device="cuda")
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--schedule-programs",
         type=int,
-        nargs="*",
+        nargs="+",
         default=[None],
         help="programs per head block where the plan has the device-side schedule",
     )
