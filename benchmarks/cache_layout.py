@@ -25,7 +25,6 @@ Bandwidth is the KV bytes a call must read over its time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 
 import triton
@@ -84,20 +83,21 @@ def page_walk(problem, splits: int, block_n: int, num_warps: int, num_stages: in
     batch = page_table.shape[0]
     out = torch.empty(batch * splits * num_kv_heads * d, dtype=torch.float32, device=k.device)
 
-    def call():
-        kernel = _page_walk
-        with contextlib.ExitStack() as stack:
-            if k.device.type == "cpu":  # Triton's interpreter (the tests)
-                from jax_decode.interpreter import _interpreted, interpreting
+    grid = (num_kv_heads, batch, splits)
+    args = (k, v, page_table, seq_lens, out, *k.stride()[:3], *v.stride()[:3], page_table.stride(0))
+    options = dict(
+        D=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=k.shape[1], CAPACITY=k.shape[1] * page_table.shape[1],
+        BLOCK_N=block_n, SPLITS=splits, WINDOW_LEFT=-1 if window_left is None else window_left,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
 
-                stack.enter_context(interpreting())
-                kernel = _interpreted(_page_walk.fn)
-            kernel[(num_kv_heads, batch, splits)](
-                k, v, page_table, seq_lens, out, *k.stride()[:3], *v.stride()[:3], page_table.stride(0),
-                D=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=k.shape[1], CAPACITY=k.shape[1] * page_table.shape[1],
-                BLOCK_N=block_n, SPLITS=splits, WINDOW_LEFT=-1 if window_left is None else window_left,
-                num_warps=num_warps, num_stages=num_stages,
-            )  # fmt: skip
+    def call():
+        if k.device.type == "cpu":  # Triton's interpreter (the tests)
+            from jax_decode.interpreter import run_kernel_interpreted
+
+            run_kernel_interpreted(_page_walk, grid, args, **options)
+        else:
+            _page_walk[grid](*args, **options)
         return out.view(batch, splits, num_kv_heads, d)
 
     return call

@@ -11,8 +11,8 @@ and ``hopper_multi_token=False`` (the frontends' plan, as it was before those we
 measured), ``--portable-schedule`` with ``portable_schedule=True``, ``--two-warpgroups``
 runs the Gluon MLA stage 1's two-warpgroup kernel where
 the plan has the seesaw, ``--schedule-programs N ...`` the device-side schedule with N
-programs per head block (rows whose plan has none are refused); these launch through torch_bridge's
-launcher.
+programs per head block (rows whose plan has none are refused); these launch through
+torch_bridge's launcher.
 """
 
 from __future__ import annotations

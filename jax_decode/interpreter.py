@@ -63,11 +63,16 @@ def interpreting():
 def run_interpreted(launch: KernelLaunch, args: tuple) -> None:
     """Run ``launch`` on ``args`` (CPU tensors and ints, in the kernel's parameter order)."""
     kernel = KERNELS[launch.kernel_name]
+    run_kernel_interpreted(kernel, launch.grid, args, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                           **launch.meta())  # fmt: skip
+
+
+def run_kernel_interpreted(kernel, grid: tuple, args: tuple, **options) -> None:
+    """Run the ``@triton.jit`` ``kernel`` on ``grid`` in the interpreter: ``args`` (CPU
+    tensors and ints) and ``options`` (constexprs, warps, stages) as a launch takes them."""
     with interpreting():
         try:
-            _interpreted(kernel.fn)[launch.grid](
-                *args, num_warps=launch.num_warps, num_stages=launch.num_stages, **launch.meta()
-            )
+            _interpreted(kernel.fn)[grid](*args, **options)
         except Exception as error:
             if _NUMPY_SCALAR_CONVERSION in str(error):
                 raise RuntimeError(_incompatible_interpreter()) from error
