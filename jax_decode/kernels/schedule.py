@@ -157,13 +157,19 @@ def _schedule_merge(
     HAS_SINKS: tl.constexpr,
     ROUND_BY_BITS: tl.constexpr,
     SKIP_WHOLE: tl.constexpr,  # rows of one chunk are stage 1's to write
+    BLOCK_C: tl.constexpr,  # chunks loaded at once
 ):
     """Merge the chunks of one batch row's block of ``BLOCK_HM`` heads of query token
     ``program_id(2)`` by log-sum-exp, as ``_decode_stage2`` merges splits (sinks
     included); chunks with no token weigh 0, a row with none gets zeros and -inf (or
     its sink's LSE).  (A block of heads per program, not one head: with ``SKIP_WHOLE``
     most programs of a uniform batch find only that there is nothing to do, and fewer
-    programs find it sooner.)"""
+    programs find it sooner.)
+
+    The chunks come ``BLOCK_C`` at a time, their LSEs and outputs in one round of loads,
+    merged online (the running maximum rescales what is merged so far): a row may have
+    as many chunks as there are programs, but most have two or three, and for those the
+    merge is one round trip to memory, not one per chunk and pass."""
     batch_idx = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_HM + tl.arange(0, BLOCK_HM)
     tok = tl.program_id(2)  # (the token strides are 0 with one query token)
@@ -175,28 +181,34 @@ def _schedule_merge(
         merges = count > 1
     if merges:
         slot = batch_idx + tl.load(row_info) // tl.load(schedule_ptr)  # b + first_p(b)
+        offs_c = tl.arange(0, BLOCK_C)
         offs_dv = tl.arange(0, BLOCK_DV)
         mask_dv = offs_dv < HEAD_DIM_V
         lse_rows = mid_lse_ptr + slot * STRIDE_MLS + tok * STRIDE_MLT + heads * STRIDE_MLH  # [BLOCK_HM]
-        # Two passes over the chunks' LSEs (a few bytes each), not one tile of them: a row
-        # may have as many chunks as there are programs.
-        m = tl.full([BLOCK_HM], float("-inf"), dtype=tl.float32)
-        for chunk in range(count):
-            m = tl.maximum(m, tl.load(lse_rows + chunk * STRIDE_MLS, mask=mask_h, other=float("-inf")))
-        if HAS_SINKS:
-            sink = tl.load(sinks_ptr + heads, mask=mask_h, other=float("-inf"))
-            m = tl.maximum(m, sink)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        denom = tl.zeros([BLOCK_HM], dtype=tl.float32)
-        if HAS_SINKS:
-            denom += tl.exp(sink - m_safe)
         o_rows = mid_o_ptr + slot * STRIDE_MOS + tok * STRIDE_MOT + heads[:, None] * STRIDE_MOH + offs_dv[None, :]
         mask_o = mask_h[:, None] & mask_dv[None, :]
+        if HAS_SINKS:
+            m = tl.load(sinks_ptr + heads, mask=mask_h, other=float("-inf"))
+            denom = tl.where(m == float("-inf"), 0.0, 1.0)  # the sink's weight exp(sink - m)
+        else:
+            m = tl.full([BLOCK_HM], float("-inf"), dtype=tl.float32)
+            denom = tl.zeros([BLOCK_HM], dtype=tl.float32)
         acc = tl.zeros([BLOCK_HM, BLOCK_DV], dtype=tl.float32)
-        for chunk in range(count):
-            weight = tl.exp(tl.load(lse_rows + chunk * STRIDE_MLS, mask=mask_h, other=float("-inf")) - m_safe)
-            denom += weight
-            acc += weight[:, None] * tl.load(o_rows + chunk * STRIDE_MOS, mask=mask_o, other=0.0)
+        for c0 in range(0, count, BLOCK_C):
+            mask_c = (c0 + offs_c) < count
+            lse = tl.load(lse_rows[None, :] + (c0 + offs_c)[:, None] * STRIDE_MLS,
+                          mask=mask_c[:, None] & mask_h[None, :], other=float("-inf"))  # fmt: skip
+            o = tl.load(o_rows[None, :, :] + (c0 + offs_c)[:, None, None] * STRIDE_MOS,
+                        mask=mask_c[:, None, None] & mask_o[None, :, :], other=0.0)  # fmt: skip
+            m_new = tl.maximum(m, tl.max(lse, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            # What is merged so far is 0 while m is -inf: scale it by 0, not exp(inf).
+            rescale = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
+            weight = tl.exp(lse - m_safe[None, :])  # [BLOCK_C, BLOCK_HM]; 0 for empty chunks
+            denom = denom * rescale + tl.sum(weight, 0)
+            acc = acc * rescale[:, None] + tl.sum(weight[:, :, None] * o, 0)
+            m = m_new
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
         out_ptrs = out_ptr + batch_idx * STRIDE_OB + tok * STRIDE_OT + heads[:, None] * STRIDE_OH + offs_dv[None, :]
         lse_ptrs = lse_ptr + batch_idx * STRIDE_LB + tok * STRIDE_LT + heads[:, None] * STRIDE_LH
         store_merged(acc, denom[:, None], m_safe[:, None], out_ptrs, lse_ptrs, mask_dv[None, :], ROUND_BY_BITS,

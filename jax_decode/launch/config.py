@@ -34,6 +34,9 @@ HOPPER_MLA_CHUNK_COST = 5
 # wrote every row itself, ends soon (H100, DeepSeek-V3: 4 heads per program took DP b64's
 # merge from 9.3 us at one head to 2.3; 16 heads cost DP b16, whose rows all merge, 7 us).
 SCHEDULE_MERGE_HEADS = 4
+# Chunks the schedule's merge loads at once (most rows of a long-tailed batch have two or
+# three): their partials arrive in one round of loads instead of one per chunk.
+SCHEDULE_MERGE_CHUNKS = 4
 _POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 Variant = Literal["mha", "grouped"]
@@ -363,6 +366,7 @@ class LaunchConfig:
             # The seesaw writes rows of one chunk to out itself (and the portable
             # stand-in of a scheduled Gluon config runs fixed splits, never this merge).
             SKIP_WHOLE=self.hopper_mla and self.hopper_seesaw,
+            BLOCK_C=SCHEDULE_MERGE_CHUNKS,
         )
         grid = (p.batch, cdiv(p.num_heads, block_hm), p.q_len)
         return KernelLaunch("schedule_merge", grid, self.stage2_num_warps, 1, tuple(meta.items()))
