@@ -198,7 +198,7 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
 
     runs = [run for run in _DECODE_LAUNCHERS.values() if ours(run)]
     assert runs, "Gluon ran"
-    assert all((run.schedule is not None) == bool(run.config.schedule_programs) for run in runs)
+    assert all(run.scheduled == bool(run.config.schedule_programs) for run in runs)
 
     rows = list(range(len(LENGTHS)))
     host = problem.host_rows(rows)
@@ -256,10 +256,17 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
     launch_decode(config, DecodeOperands(q, k_cache, None, page_table, seq_lens), None, None, out, lse)
     torch.cuda.synchronize()
     run = next(run for run in _DECODE_LAUNCHERS.values() if run.config == config)
-    assert run.gluon is not None and (run.schedule is not None) == bool(config.schedule_programs)
+    assert run.gluon is not None and run.scheduled == bool(config.schedule_programs)
     host = problem.host_rows(list(range(len(LENGTHS))))
     assert_matches_oracle(host, out.float().cpu().numpy().astype(np.float64),
                           lse.cpu().numpy().astype(np.float64), mla=True)  # fmt: skip
+    if config.schedule_programs:  # the schedule made once and handed in (decode_schedule's): the same bits
+        from torch_bridge.launcher import launch_schedule
+
+        ops = DecodeOperands(q, k_cache, None, page_table, seq_lens)
+        again, again_lse = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
+        launch_decode(config, ops, None, None, again, again_lse, schedule=launch_schedule(config, ops))
+        assert torch.equal(again.view(torch.int16), out.view(torch.int16)) and torch.equal(again_lse, lse)
     if not hopper_kernels_launchable():
         pytest.skip("jaxlib passes no TMA descriptors here")
     arrays = [torch_bridge.to_jax(a) for a in (q, k_cache, page_table, seq_lens)]

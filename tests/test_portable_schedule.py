@@ -92,6 +92,64 @@ def test_scheduled_stage1_matches_the_oracle_and_jax_bit_for_bit(case: Case, pro
     np.testing.assert_array_equal(to_float64(lse), jax_lse)
 
 
+def test_a_schedule_made_once_serves_every_call_it_was_made_for(forced_schedule, monkeypatch):
+    """torch_bridge.decode_schedule's schedule taken by later calls (the accepted-call
+    path too): the same bits as calls that compute their own, without the schedule
+    kernel; refused for another problem, another seq_lens tensor or one written since."""
+    import torch_bridge.launcher
+
+    case = CASES["gqa_f16_window_sinks_qlen3"]
+    problem = case.problem()
+    q, k, v, pt, sl = (to_tensor(a, DEVICE) for a in problem.arrays)
+    options = dict(case.options(), **{name: to_tensor(a, DEVICE) for name, a in problem.extras.items()})
+    schedule = torch_bridge.decode_schedule(q, k, v, pt, sl, **options)
+    assert schedule.tensor.dtype == torch.int32 and schedule.config.schedule_programs == forced_schedule.programs
+    want = torch_bridge.decode_attention(q, k, v, pt, sl, return_lse=True, **options)
+    computed, launch = [], torch_bridge.launcher.launch_schedule
+    monkeypatch.setattr(torch_bridge.launcher, "launch_schedule", lambda *a: computed.append(1) or launch(*a))
+    for _ in range(2):  # planned, then accepted
+        got = torch_bridge.decode_attention(q, k, v, pt, sl, return_lse=True, schedule=schedule, **options)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(to_float64(g), to_float64(w))
+    assert not computed  # the schedule came from decode_schedule
+    torch_bridge.decode_attention(q, k, v, pt, sl, **options)
+    assert computed  # (a call without one computes it)
+
+    with pytest.raises(TypeError, match="what torch_bridge.decode_schedule returns"):
+        torch_bridge.decode_attention(q, k, v, pt, sl, schedule=tuple(schedule), **options)
+    with pytest.raises(ValueError, match="made for another problem"):
+        torch_bridge.decode_attention(q, k, v, pt, sl, schedule=schedule, **dict(options, sm_scale=0.5))
+    with pytest.raises(ValueError, match="made from other lengths"):
+        torch_bridge.decode_attention(q, k, v, pt, sl.clone(), schedule=schedule, **options)
+    sl.add_(0)  # an in-place write, even of the same values
+    with pytest.raises(ValueError, match="made from other lengths"):
+        torch_bridge.decode_attention(q, k, v, pt, sl, schedule=schedule, **options)
+    # A schedule made now serves again.
+    fresh = torch_bridge.decode_schedule(q, k, v, pt, sl, **options)
+    got = torch_bridge.decode_attention(q, k, v, pt, sl, return_lse=True, schedule=fresh, **options)
+    np.testing.assert_array_equal(to_float64(got[0]), to_float64(want[0]))
+
+    def compiled_call(q, k, v, pt, sl):
+        return torch_bridge.decode_attention(q, k, v, pt, sl, schedule=fresh, **options)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="takes eager calls and CUDA graphs"):
+        torch.compile(compiled_call, fullgraph=True, backend="aot_eager")(q, k, v, pt, sl)
+
+
+def test_a_schedule_without_a_device_schedule_holds_no_tensor():
+    """Where the plan has fixed splits (here: the interpreter or one row) decode_schedule
+    returns a schedule with no tensor, which the calls take like any other."""
+    problem = CASES["gqa_bf16"].problem()
+    tensors = [to_tensor(a, DEVICE) for a in problem.arrays]
+    schedule = torch_bridge.decode_schedule(*tensors, num_kv_splits=2)
+    assert schedule.tensor is None and not schedule.config.schedule_programs
+    np.testing.assert_array_equal(
+        to_float64(torch_bridge.decode_attention(*tensors, num_kv_splits=2, schedule=schedule)),
+        to_float64(torch_bridge.decode_attention(*tensors, num_kv_splits=2)),
+    )
+
+
 H200 = DeviceInfo("nvidia", 90, 132)
 ASKED = dict(portable_schedule=True)  # (the planner's default leaves the portable stage 1 unscheduled)
 

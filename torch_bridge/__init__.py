@@ -10,7 +10,14 @@ except ImportError as error:
         "`pip install torch --index-url https://download.pytorch.org/whl/cpu`)"
     ) from error
 
-from torch_bridge.ops import decode_attention, decode_attention_fwd, merge_attention_states, write_kv  # noqa: E402
+from torch_bridge.ops import (  # noqa: E402
+    DecodeSchedule,
+    decode_attention,
+    decode_attention_fwd,
+    decode_schedule,
+    merge_attention_states,
+    write_kv,
+)
 
 # An empty TRITON_CACHE_DIR (what jax_triton 0.3 leaves behind if it was imported
 # before us) makes every Triton launch from torch fail; empty never means anything else.
@@ -29,8 +36,10 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "DecodeSchedule",
     "decode_attention",
     "decode_attention_fwd",
+    "decode_schedule",
     "jax_function",
     "merge_attention_states",
     "to_jax",

@@ -194,26 +194,30 @@ class DecodeRun:
         self.stage1 = StageLauncher(self.fixed.stage1(strides))
         self.stage2 = StageLauncher(self.fixed.stage2(strides))
         self._stage1_partials = None
-        self.gluon = self.schedule = self.merge = self.scheduled_stage1 = None
+        self.gluon = self.merge = self.scheduled_stage1 = None
         if config.hopper_mla and device_index >= 0 and config.tma_ready(strides):
             self.gluon = GluonLauncher(config.hopper_stage1(strides), device_index)
         if config.portable_scheduled:
             self.scheduled_stage1 = StageLauncher(config.stage1(strides))
-        if self.gluon is not None or self.scheduled_stage1 is not None:
-            if config.schedule_programs:
-                self.schedule = StageLauncher(config.schedule())
-                self.merge = StageLauncher(config.schedule_merge(strides))
+        # Whether the launches take a device-side schedule (the fixed splits stand in
+        # where no scheduled stage 1 runs).
+        self.scheduled = bool(config.schedule_programs) and (self.gluon or self.scheduled_stage1) is not None
+        if self.scheduled:
+            self.merge = StageLauncher(config.schedule_merge(strides))
         # The seesaw's scheduled stage 1 writes the rows of one chunk to out itself.
-        self.direct = self.gluon is not None and self.schedule is not None and config.hopper_seesaw
+        self.direct = self.gluon is not None and self.scheduled and config.hopper_seesaw
 
-    def __call__(self, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse, out_given: bool = True) -> None:
+    def __call__(self, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse, out_given: bool = True,
+                 schedule: torch.Tensor | None = None) -> None:  # fmt: skip
         """Launch on ``ops`` into ``out``/``lse``.  ``out_given``: ``out`` is the caller's
         and may share memory with an input, in which case one pass (stage 1 writing
-        ``out`` while other programs still read the inputs) gives way to two stages."""
+        ``out`` while other programs still read the inputs) gives way to two stages.
+        ``schedule``: the device-side schedule of ``ops.seq_lens`` already computed
+        (:func:`launch_schedule`), for launches that take one; None computes it here."""
         config, p = self.config, self.config.problem
         if self.scheduled_stage1 is not None:  # (stage 1 writes partials only: out may overlap anything)
-            schedule = out.new_empty(config.schedule_shape, dtype=torch.int32)
-            self.schedule((*operands.schedule_inputs(ops, p), schedule))
+            if schedule is None:
+                schedule = launch_schedule(config, ops)
             mid_o, mid_lse = scratch(config, out)
             self.scheduled_stage1((*operands.stage1_inputs(ops, p, schedule), mid_o, mid_lse))
             self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, out, lse), out, lse))
@@ -227,9 +231,9 @@ class DecodeRun:
         gluon = self.gluon is not None and not (direct and shares_memory)
         if gluon and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse):
             tensors = dict(q=ops.q, k_cache=ops.k_cache)
-            if self.schedule is not None:
-                schedule = out.new_empty(config.schedule_shape, dtype=torch.int32)
-                self.schedule((*operands.schedule_inputs(ops, p), schedule))
+            if self.scheduled:
+                if schedule is None:
+                    schedule = launch_schedule(config, ops)
                 mid_o, mid_lse = scratch(config, out)
                 written = (out, lse) if direct else ()
                 self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule), mid_o, mid_lse, *written))
@@ -259,6 +263,19 @@ class DecodeRun:
         self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
 
 
+@functools.lru_cache(maxsize=MAX_CACHED_LAUNCHES)
+def _schedule_launcher(config: LaunchConfig) -> StageLauncher:
+    return StageLauncher(config.schedule())
+
+
+def launch_schedule(config: LaunchConfig, ops: operands.DecodeOperands) -> torch.Tensor:
+    """The device-side schedule of ``ops.seq_lens`` for ``config`` (which has one): a new
+    int32 tensor on seq_lens' device, written by the schedule kernel."""
+    schedule = ops.seq_lens.new_empty(config.schedule_shape, dtype=torch.int32)
+    _schedule_launcher(config)((*operands.schedule_inputs(ops, config.problem), schedule))
+    return schedule
+
+
 def _may_overlap(out, ops: operands.DecodeOperands) -> bool:
     """Whether ``out`` may share memory with q or a cache (torch's own conservative test:
     same storage)."""
@@ -271,9 +288,8 @@ def _may_overlap(out, ops: operands.DecodeOperands) -> bool:
 _DECODE_LAUNCHERS: dict[tuple, DecodeRun] = {}
 
 
-def launch_decode(
-    config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse, out_given: bool = True
-) -> DecodeRun | None:
+def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse, out_given: bool = True,
+                  schedule: torch.Tensor | None = None) -> DecodeRun | None:  # fmt: skip
     """Run the decode, writing ``out`` and ``lse`` in place; returns the :class:`DecodeRun`
     it launched (None for an empty batch), which a caller may call directly on later
     operands of the same config, device and strides.
@@ -283,7 +299,9 @@ def launch_decode(
     the config says so), on one device.  ``mid_o``/``mid_lse``: the fixed splits'
     scratch (the vLLM drop-in's ``attn_logits``), or None for scratch allocated here as
     the launch needs it.  ``out_given=False``: ``out`` was allocated for this call (it
-    shares no memory with an input; see :class:`DecodeRun`).
+    shares no memory with an input; see :class:`DecodeRun`).  ``schedule``: the
+    device-side schedule of ``ops.seq_lens`` already computed (:func:`launch_schedule`),
+    or None.
 
     Where the config chooses the Gluon MLA stage 1 it runs if q and the cache are
     TMA-addressable (row views, 16-byte aligned); otherwise the portable stage 1 takes
@@ -304,7 +322,7 @@ def launch_decode(
         mid_strides = config.contiguous_strides() if mid_o is None else None
         strides = kernel_strides(ops, config.problem, mid_o, mid_lse, out, lse, mid_strides)
         run = _DECODE_LAUNCHERS[key] = DecodeRun(config, strides, ops.q.get_device())
-    run(ops, mid_o, mid_lse, out, lse, out_given)
+    run(ops, mid_o, mid_lse, out, lse, out_given, schedule)
     return run
 
 

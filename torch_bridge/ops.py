@@ -47,7 +47,7 @@ from jax_decode.validation import (
     dtype_name,
     is_float_scalar,
 )
-from torch_bridge.launcher import DecodeRun, launch_decode, launch_write
+from torch_bridge.launcher import DecodeRun, launch_decode, launch_schedule, launch_write
 
 TENSOR = "a torch.Tensor"
 
@@ -261,18 +261,45 @@ def _accept(key: tuple | None, config: LaunchConfig, run: DecodeRun | None) -> N
 
 
 def _launch(key, accepted: _Accepted | None, config: LaunchConfig, ops: DecodeOperands, mid_o, mid_lse, out, lse,
-            out_given: bool):  # fmt: skip
+            out_given: bool, schedule: torch.Tensor | None = None):  # fmt: skip
     """Launch through the accepted call's launcher, or find one and accept the call."""
     if accepted is not None and accepted.run is not None:
-        accepted.run(ops, mid_o, mid_lse, out, lse, out_given)
+        accepted.run(ops, mid_o, mid_lse, out, lse, out_given, schedule)
     else:
-        _accept(key, config, launch_decode(config, ops, mid_o, mid_lse, out, lse, out_given))
+        _accept(key, config, launch_decode(config, ops, mid_o, mid_lse, out, lse, out_given, schedule))
 
 
-def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options: DecodeOptions, out,
-                lse, return_lse: bool, check_inputs: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """decode_attention, eager or in its op: check, plan, launch; ``out``/``lse`` are
-    allocated when None (``lse`` in a shared write-only buffer unless ``return_lse``)."""
+class DecodeSchedule(NamedTuple):
+    """The device-side schedule of one set of lengths, made once by :func:`decode_schedule`
+    and taken by every ``decode_attention`` call it was made for (``schedule=``)."""
+
+    config: LaunchConfig  # the plan of the calls it serves
+    tensor: torch.Tensor | None  # int32, on seq_lens' device; None where the plan has no schedule
+    seq_lens: torch.Tensor  # the lengths it was computed from ...
+    version: int  # ... and their torch version counter then (in-place writes bump it)
+
+
+def _check_schedule(schedule, config: LaunchConfig, seq_lens: torch.Tensor) -> torch.Tensor | None:
+    """A ``schedule=`` argument's tensor, if it was made for this call's plan and lengths."""
+    if type(schedule) is not DecodeSchedule:
+        raise TypeError(f"schedule must be what torch_bridge.decode_schedule returns, got {type(schedule).__name__}")
+    if schedule.config is not config and schedule.config != config:
+        raise ValueError(
+            "schedule was made for another problem: give decode_schedule the shapes, dtypes and options of the "
+            "decode_attention calls it serves"
+        )
+    if schedule.seq_lens is not seq_lens or seq_lens._version != schedule.version:
+        raise ValueError(
+            "schedule was made from other lengths: pass the seq_lens tensor it was made from, unchanged since "
+            "(after seq_lens changes, call decode_schedule again)"
+        )
+    return schedule.tensor
+
+
+def _plan_call(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options: DecodeOptions, out, lse,
+               check_inputs: bool):  # fmt: skip
+    """Check a decode_attention call and plan it: (its accepted-call key, what a call like
+    it left, the launch config, the kernel operands)."""
     key = None if check_inputs else _call_key(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, out,
                                               lse, *options)  # fmt: skip
     accepted = _ACCEPTED.get(key) if key is not None else None
@@ -290,13 +317,24 @@ def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sin
         config = accepted.config
         given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, *_scale_arrays(q, k_scale, v_scale), sinks)
         ops = kernel_operands(given, config.problem, TORCH)
+    return key, accepted, config, ops
+
+
+def _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options: DecodeOptions, out,
+                lse, return_lse: bool, check_inputs: bool,
+                schedule=None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """decode_attention, eager or in its op: check, plan, launch; ``out``/``lse`` are
+    allocated when None (``lse`` in a shared write-only buffer unless ``return_lse``)."""
+    key, accepted, config, ops = _plan_call(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options,
+                                            out, lse, check_inputs)  # fmt: skip
+    schedule_tensor = None if schedule is None else _check_schedule(schedule, config, seq_lens)
     p = config.problem
     out_given = out is not None
     if out is None:
         out = q.new_empty(p.out_shape)
     if lse is None:
         lse = q.new_empty(p.lse_shape, dtype=torch.float32) if return_lse else _lse_sink(q, p.lse_shape)
-    _launch(key, accepted, config, ops, None, None, out, lse, out_given)
+    _launch(key, accepted, config, ops, None, None, out, lse, out_given, schedule_tensor)
     return out, lse
 
 
@@ -485,6 +523,7 @@ def decode_attention(
     window_left: int | None = None,
     out: torch.Tensor | None = None,
     check_inputs: bool = False,
+    schedule: DecodeSchedule | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``jax_decode.decode_attention`` for torch tensors: same shapes, semantics and errors.
 
@@ -495,15 +534,21 @@ def decode_attention(
     ones are cast per call).  ``check_inputs=True`` checks the values of ``page_table``
     and ``seq_lens`` first and raises ValueError on a bad one (it copies them to the
     host: eager use only).  Inputs that require grad are refused under grad mode.
+
+    ``schedule``: what :func:`decode_schedule` returned for the same arguments and this
+    ``seq_lens`` tensor, unchanged since: the call then takes the device-side schedule
+    from it instead of computing its own (a decode step's layers share one; eager calls
+    and CUDA graphs, not torch.compile).
     """
     check_flag("return_lse", return_lse)
     check_flag("check_inputs", check_inputs)
     options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
     if not torch.compiler.is_compiling():
         out, lse = _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, out, None,
-                               return_lse, check_inputs)  # fmt: skip
+                               return_lse, check_inputs, schedule)  # fmt: skip
         return (out, lse) if return_lse else out
     # Tracing: what the op's schema needs; the op runs _run_decode when the graph runs.
+    _refuse_schedule_when_compiling(schedule)
     _traced(check_inputs, page_table, seq_lens)
     arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, out=out)
     check_arrays(arrays, optional=("v_cache", "out"), array_type=torch.Tensor, array_kind=TENSOR)
@@ -521,6 +566,55 @@ def decode_attention(
         head_dim_v, window_left, num_kv_splits, k_number, v_number,
     )  # fmt: skip
     return (out, lse) if return_lse else out
+
+
+def _refuse_schedule_when_compiling(schedule) -> None:
+    if schedule is not None:
+        raise TypeError(
+            "schedule= takes eager calls and CUDA graphs; under torch.compile leave it out (each call then computes "
+            "its own schedule)"
+        )
+
+
+def decode_schedule(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor | None,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    num_kv_splits: int | None = None,
+    head_dim_v: int | None = None,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
+    sinks: torch.Tensor | None = None,
+    window_left: int | None = None,
+    check_inputs: bool = False,
+) -> DecodeSchedule:
+    """The device-side schedule of ``seq_lens`` for :func:`decode_attention` calls with
+    these arguments (their shapes, dtypes and options), computed once -- per decode
+    step, say -- and passed to each of them as ``schedule=``, FlashInfer's plan / run
+    split.  Where the launch config splits the batch's work on the device (MLA on
+    Hopper, batches of several rows) every call otherwise launches the schedule kernel
+    itself; elsewhere the schedule holds no tensor and a call taking it runs as without.
+
+    The calls must pass the same ``seq_lens`` tensor, not written since: a call refuses
+    the schedule (ValueError) if seq_lens is another tensor or torch saw it change in
+    place.  Writes torch cannot see (through a raw pointer or another framework's view
+    of its memory) are the caller's to follow with a new schedule.  Under a CUDA graph
+    capture the schedule kernel is captured with the calls and recomputed at each
+    replay.  Not under torch.compile (TypeError).
+    """
+    check_flag("check_inputs", check_inputs)
+    if torch.compiler.is_compiling():
+        raise TypeError("decode_schedule takes eager calls and CUDA graphs, not torch.compile")
+    options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
+    _, _, config, ops = _plan_call(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, None,
+                                   None, check_inputs)  # fmt: skip
+    tensor = launch_schedule(config, ops) if config.schedule_programs else None
+    return DecodeSchedule(config, tensor, seq_lens, seq_lens._version)
 
 
 def decode_attention_fwd(
