@@ -55,7 +55,8 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
             if not config.schedule_programs:
                 raise ValueError(f"{row.label}: its plan has no device-side schedule for {schedule_programs} programs")
             config = dataclasses.replace(config, schedule_programs=schedule_programs)
-        ops = DecodeOperands(*problem.arrays)
+        extras = problem.extras  # fp8 scales, sinks
+        ops = DecodeOperands(*problem.arrays, extras.get("k_scale"), extras.get("v_scale"), extras.get("sinks"))
         out = torch.empty(config.problem.out_shape, dtype=problem.q.dtype, device="cuda")
         lse = torch.empty(config.problem.lse_shape, dtype=torch.float32, device="cuda")
 
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--portable-multi-token", action="store_true", help="q_len > 1 on the portable stage 1")
     parser.add_argument("--portable-schedule", action="store_true", help="let the schedule take the portable stage 1")
     parser.add_argument("--two-warpgroups", action="store_true", help="the Gluon MLA two-warpgroup kernel")
+    parser.add_argument("--hopper-fp8", action="store_true", help="fp8 MLA rows on the Gluon seesaw (hopper_fp8)")
     parser.add_argument(
         "--schedule-programs",
         type=int,
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             hopper_multi_token=not args.portable_multi_token,
             portable_schedule=args.portable_schedule,
         )
+        if args.hopper_fp8:
+            options["hopper_fp8"] = True
         for programs in args.schedule_programs:
             times = kernel_times(row, args.calls, args.splits, not args.two_warpgroups, programs, **options)
             parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())

@@ -146,6 +146,8 @@ class MlaHopper:
             *descs,
             page_table,
             seq_lens,
+            seq_lens,  # the scale pointers: a bfloat16 cache has none (unread)
+            seq_lens,
             self.num_pages,
             self.mid_o,
             self.mid_lse,
@@ -157,7 +159,16 @@ class MlaHopper:
         if self.direct:
             descs = self.descriptors(q, k_cache)
             self.kernel[self.grid](
-                *descs, page_table, seq_lens, self.num_pages, out, lse, num_warps=self.num_warps, **self.meta
+                *descs,
+                page_table,
+                seq_lens,
+                seq_lens,
+                seq_lens,
+                self.num_pages,
+                out,
+                lse,
+                num_warps=self.num_warps,
+                **self.meta,
             )
             return
         self.stage1(q, k_cache, page_table, seq_lens)

@@ -17,7 +17,8 @@ documented semantics for these inputs.
 
 ``--hopper`` (an sm_90 GPU): the Gluon MLA stage 1 instead -- bf16 MLA with 64-token
 pages at 16 and 128 heads, fixed splits, one pass, the device-side schedule and
-(token, head) rows -- with the same adversarial inputs.  Its barriers are placed by
+(token, head) rows, and an e4m3 latent with scales (``hopper_fp8``) -- with the same
+adversarial inputs.  Its barriers are placed by
 hand, so run it under racecheck and synccheck too (``TOOL=racecheck
 scripts/sanitize.sh --hopper``).
 """
@@ -163,6 +164,10 @@ def hopper_main() -> None:
     cases.append((dataclasses.replace(base, num_heads=128, num_kv_splits=None), dict(device_schedule=True)))
     cases.append((dataclasses.replace(base, q_len=2, num_kv_splits=None), dict(hopper_multi_token=True)))
     cases.append((dataclasses.replace(base, q_len=4, num_kv_splits=1), dict(hopper_multi_token=True)))
+    # An e4m3 latent with scales, widened in shared memory (hopper_fp8): fixed splits, the schedule.
+    fp8 = dataclasses.replace(base, kv_dtype="float8_e4m3fn", kv_scales="tensor")
+    for heads, splits in ((16, 3), (128, None)):
+        cases.append((dataclasses.replace(fp8, num_heads=heads, num_kv_splits=splits), dict(hopper_fp8=True)))
     variants = ["valid", "bad_page_ids", "bad_lengths", "narrow_page_table", "nan_inf"]
     runs = 0
     for case, plan_options in cases:

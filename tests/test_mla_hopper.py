@@ -41,6 +41,8 @@ def compile_for_sm90(pipeline: int, num_heads: int = 128, num_kv_splits: int = 4
         kr_desc=rope,
         page_table_ptr="*i32",
         seq_lens_ptr="*i32",
+        k_scale_ptr="*fp32",
+        v_scale_ptr="*fp32",
         num_pages="i32",
         mid_o_ptr="*fp32",
         mid_lse_ptr="*fp32",
@@ -68,6 +70,7 @@ def compile_for_sm90(pipeline: int, num_heads: int = 128, num_kv_splits: int = 4
     kernel, num_warps = _mla_stage1_hopper, 8
     if pipeline == SEESAW:
         del constexprs["NUM_STAGES"], constexprs["PIPELINE"]
+        constexprs.update(KV_FP8=False, K_SCALE=0, V_SCALE=0)
         kernel, num_warps = _mla_stage1_hopper_seesaw, 4
     signature.update({name: "constexpr" for name in constexprs})
     source = GluonASTSource(kernel, signature, constexprs)
@@ -145,14 +148,16 @@ def test_matches_oracle_on_awkward_input(pipeline, num_kv_splits):
 LENGTHS = (0, 1, 63, 65, 777, 1280, 64 * 20 - 1, 64 * 20)
 
 
-def _hopper_mla_problem(page_size: int, num_heads: int, q_len: int | None = None):
+def _hopper_mla_problem(page_size: int, num_heads: int, q_len: int | None = None, fp8: bool = False):
+    """``fp8``: an e4m3 latent cache with a K and a V scale."""
     from benchmarks.inputs import TorchArrays
     from jax_decode.synthetic import make_paged_problem
 
+    quantised = dict(kv_dtype="float8_e4m3fn", kv_scales="tensor") if fp8 else {}
     return make_paged_problem(
         batch=len(LENGTHS), num_heads=num_heads, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
         page_size=page_size, seq_lens=LENGTHS, dtype="bfloat16", mla=True, max_pages=64 * 20 // page_size,
-        spare_pages=5, arrays=TorchArrays("cuda"), seed=page_size + num_heads, q_len=q_len,
+        spare_pages=5, arrays=TorchArrays("cuda"), seed=page_size + num_heads, q_len=q_len, **quantised,
     )  # fmt: skip
 
 
@@ -217,10 +222,10 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
 
 
 def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, schedule: bool | int = False,
-                          seesaw: bool = True):  # fmt: skip
+                          seesaw: bool = True, fp8: bool = False):  # fmt: skip
     """Plan the Gluon stage 1 (with ``schedule``, under the device-side schedule even
     where the planner would take one fixed split; without ``seesaw``, the two-warpgroup
-    kernel), launch it through torch_bridge's
+    kernel; with ``fp8``, over an e4m3 cache with scales), launch it through torch_bridge's
     launcher and through the JAX backend with that one config: against the float64
     oracle, and bit-identical to each other.  Returns the config."""
     import dataclasses
@@ -234,16 +239,19 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
     from jax_decode.backends import triton as triton_backend
     from jax_decode.backends.triton import hopper_kernels_launchable
     from jax_decode.launch import make_launch_config
+    from jax_decode.launch.problem import SCALE_PER_TENSOR
     from jax_decode.operands import DecodeOperands
     from torch_bridge.launcher import _DECODE_LAUNCHERS, launch_decode
     from torch_bridge.ops import device_info
 
-    problem = _hopper_mla_problem(64, num_heads, q_len)
+    problem = _hopper_mla_problem(64, num_heads, q_len, fp8)
     q, k_cache, _, page_table, seq_lens = problem.arrays
+    scales = (problem.extras["k_scale"], problem.extras["v_scale"]) if fp8 else (None, None)
+    quantised = dict(kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR) if fp8 else {}
     mla = _mla(batch=len(LENGTHS), num_heads=num_heads, max_pages=page_table.shape[1], num_pages=k_cache.shape[0],
-               q_len=q_len or 1, token_axis=q_len is not None)  # fmt: skip
+               q_len=q_len or 1, token_axis=q_len is not None, **quantised)  # fmt: skip
     device = device_info(q.device)
-    config = make_launch_config(mla, device, num_kv_splits)
+    config = make_launch_config(mla, device, num_kv_splits, hopper_fp8=fp8)
     if schedule:  # True: the planner's programs; a number: that many
         from jax_decode.launch.planner import hopper_mla_schedule_programs
 
@@ -253,7 +261,7 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
     assert config.hopper_mla
     out = torch.empty(mla.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(mla.lse_shape, dtype=torch.float32, device=q.device)
-    launch_decode(config, DecodeOperands(q, k_cache, None, page_table, seq_lens), None, None, out, lse)
+    launch_decode(config, DecodeOperands(q, k_cache, None, page_table, seq_lens, *scales), None, None, out, lse)
     torch.cuda.synchronize()
     run = next(run for run in _DECODE_LAUNCHERS.values() if run.config == config)
     assert run.gluon is not None and run.scheduled == bool(config.schedule_programs)
@@ -263,14 +271,15 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
     if config.schedule_programs:  # the schedule made once and handed in (decode_schedule's): the same bits
         from torch_bridge.launcher import launch_schedule
 
-        ops = DecodeOperands(q, k_cache, None, page_table, seq_lens)
+        ops = DecodeOperands(q, k_cache, None, page_table, seq_lens, *scales)
         again, again_lse = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
         launch_decode(config, ops, None, None, again, again_lse, schedule=launch_schedule(config, ops))
         assert torch.equal(again.view(torch.int16), out.view(torch.int16)) and torch.equal(again_lse, lse)
     if not hopper_kernels_launchable():
         pytest.skip("jaxlib passes no TMA descriptors here")
-    arrays = [torch_bridge.to_jax(a) for a in (q, k_cache, page_table, seq_lens)]
-    step = jax.jit(lambda q, k, pt, sl: triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config))
+    arrays = [torch_bridge.to_jax(a) for a in (q, k_cache, page_table, seq_lens, *scales) if a is not None]
+    step = jax.jit(lambda q, k, pt, sl, *scales: triton_backend.decode_attention(
+        DecodeOperands(q, k, None, pt, sl, *scales), config))  # fmt: skip
     jax_out, jax_lse = step(*arrays)
     np.testing.assert_array_equal(np.asarray(jax_out.view(jax.numpy.uint16)), out.view(torch.int16).cpu().numpy()
                                   .view(np.uint16))  # fmt: skip
@@ -285,6 +294,19 @@ def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
     merge) on long-tailed lengths."""
     config = _check_planned_launch(num_heads, None, None, schedule=True)
     assert config.schedule_programs > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads", [128, 16])
+@pytest.mark.parametrize(
+    "q_len, num_kv_splits, schedule", [(None, 1, False), (None, 3, False), (None, None, True), (2, 2, False)]
+)
+def test_fp8_cache_on_the_seesaw_matches_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits, schedule):
+    """An e4m3 latent with K and V scales on the seesaw kernels (``hopper_fp8``): each K
+    part widened to float16 in shared memory as it lands, Q rewritten as float16; one
+    pass, fixed splits, the device-side schedule and two query tokens."""
+    config = _check_planned_launch(num_heads, q_len, num_kv_splits, schedule=schedule, fp8=True)
+    assert config.problem.cache_dtype == "float8_e4m3fn" and config.hopper_mla
 
 
 @pytest.mark.gpu
@@ -354,12 +376,12 @@ def _mla(batch=64, num_heads=128, page_size=64, max_pages=64, **changes):
     return DecodeProblem(**fields)
 
 
-def _plan(problem, hopper_kernels=True, num_kv_splits=None, device_schedule=True, **device):
+def _plan(problem, hopper_kernels=True, num_kv_splits=None, device_schedule=True, hopper_fp8=False, **device):
     from jax_decode.launch import DeviceInfo, make_launch_config
 
     device = DeviceInfo(**{**H200, **device}, hopper_kernels=hopper_kernels)
     return make_launch_config(problem, device, num_kv_splits, device_schedule=device_schedule,
-                              hopper_multi_token=problem.q_len > 1)  # fmt: skip
+                              hopper_multi_token=problem.q_len > 1, hopper_fp8=hopper_fp8)  # fmt: skip
 
 
 def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
@@ -382,6 +404,16 @@ def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
         dict(v_from_k=False),
     ):
         assert not _plan(_mla(**changes)).hopper_mla, changes
+    # An e4m3 latent (with or without scales) only where asked for (hopper_fp8: not yet
+    # run on a GPU); e5m2 and a bfloat16 cache with scales never.
+    from jax_decode.launch.problem import SCALE_NONE, SCALE_PER_KV_HEAD, SCALE_PER_TENSOR
+
+    for scale in (SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_KV_HEAD):
+        e4m3 = _mla(kv_dtype="float8_e4m3fn", k_scale=scale, v_scale=scale)
+        assert not _plan(e4m3).hopper_mla and _plan(e4m3, hopper_fp8=True).hopper_mla, scale
+    assert not _plan(_mla(kv_dtype="float8_e5m2"), hopper_fp8=True).hopper_mla
+    assert not _plan(_mla(k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR), hopper_fp8=True).hopper_mla
+    assert not _plan(_mla(dtype="float16", kv_dtype="float8_e4m3fn"), hopper_fp8=True).hopper_mla
 
 
 @pytest.mark.parametrize(
@@ -521,14 +553,17 @@ def test_tma_ready_needs_row_views():
     assert not config.tma_ready(dataclasses.replace(strides, q=(128 * 8, 8)))  # overlapping rows
 
 
-def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1, seesaw=True) -> None:
+def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1, seesaw=True, fp8=False) -> None:
     import dataclasses
 
     from jax_decode.kernels.gluon_compile import compile_launch
+    from jax_decode.launch.problem import SCALE_PER_TENSOR
 
+    quantised = dict(kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR) if fp8 else {}
     problem = _mla(batch=batch, num_heads=num_heads, page_size=page_size, max_pages=2048 // page_size, q_len=q_len,
-                   token_axis=q_len > 1)  # fmt: skip
-    config = dataclasses.replace(_plan(problem, num_kv_splits=num_kv_splits), hopper_seesaw=seesaw)
+                   token_axis=q_len > 1, **quantised)  # fmt: skip
+    config = dataclasses.replace(_plan(problem, num_kv_splits=num_kv_splits, hopper_fp8=fp8), hopper_seesaw=seesaw)
+    assert config.hopper_mla
     launch = config.hopper_stage1(config.contiguous_strides())
     if num_kv_splits:
         assert launch.kernel_name == ("mla_hopper_seesaw" if seesaw else "mla_hopper")
@@ -538,7 +573,12 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1, 
     from jax_decode.launch.planner import HOPPER_MLA_PROGRAMS
 
     threads, _, shared = HOPPER_MLA_PROGRAMS[launch.kernel_name]
-    assert (kernel.metadata.shared, 32 * kernel.metadata.num_warps) == (shared, threads), "the planner must know it"
+    if fp8:  # the same buffers as bfloat16's, and one more barrier: still one program per SM
+        assert 0 < kernel.metadata.shared - shared <= 256 and 32 * kernel.metadata.num_warps == threads
+        assert "cvt.rn.f16x2.e4m3x2" in ptx  # the widening, one instruction per pair
+        assert [v.dtype for v in launch.tma] == ["bf16", "bf16", "fp8e4nv", "fp8e4nv"]
+    else:
+        assert (kernel.metadata.shared, 32 * kernel.metadata.num_warps) == (shared, threads), "the planner must know it"
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert ".local" not in ptx, "nothing may live in local memory"
     assert len(kernel.metadata.tensordesc_meta) == 4
@@ -551,11 +591,14 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1, 
     [(4, 128, 64, 1, 1, True), (3, 16, 128, 3, 1, True), (5, 128, 64, None, 1, True), (3, 16, 64, 2, 2, True),
      (2, 16, 64, 1, 4, True), (3, 16, 64, 2, 2, False)],
 )  # fmt: skip
-def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_splits, q_len, seesaw):
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3"])
+def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_splits, q_len, seesaw, fp8):
     missing = _gluon_hopper_missing()
     if missing:
         pytest.skip(missing)
-    _run_isolated("_check_product_compile", batch, num_heads, page_size, num_kv_splits, q_len, seesaw)
+    if fp8 and not seesaw:
+        pytest.skip("an fp8 cache runs the seesaw kernels only")
+    _run_isolated("_check_product_compile", batch, num_heads, page_size, num_kv_splits, q_len, seesaw, fp8)
 
 
 def _check_jax_lowering(num_kv_splits) -> None:
@@ -604,13 +647,26 @@ def _check_jax_lowering(num_kv_splits) -> None:
         def step(q, k, pt, sl):  # noqa: F811
             return triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config)
 
+    if num_kv_splits == "e4m3":  # an fp8 latent with scales (hopper_fp8): fp8 descriptors, two scale pointers
+        from jax_decode.launch.problem import SCALE_PER_TENSOR
+
+        args = (args[0], sds(args[1].shape, jnp.float8_e4m3fn), *args[2:], sds((1,), jnp.float32),
+                sds((1,), jnp.float32))  # fmt: skip
+        config = _plan(_mla(batch=batch, num_heads=num_heads, max_pages=max_pages, num_pages=num_pages,
+                            kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR),
+                       num_kv_splits=2, hopper_fp8=True)  # fmt: skip
+        assert config.hopper_mla
+
+        def step(q, k, pt, sl, k_scale, v_scale):  # noqa: F811
+            return triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl, k_scale, v_scale), config)
+
     with jax_decode.compile_target(jax_decode.DeviceInfo(**H200, hopper_kernels=True)):
         text = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if "custom_call @triton_kernel_call" in line]
     # The Gluon stage 1 takes q and the cache twice (latent and rope descriptors); one
     # split writes out and lse itself, more are merged by stage 2; the device-side
     # schedule adds its schedule kernel before stage 1 and merges with its own kernel.
-    assert len(calls) == {1: 1, 2: 2, "device": 3, "two tokens": 2}[num_kv_splits], calls
+    assert len(calls) == {1: 1, 2: 2, "device": 3, "two tokens": 2, "e4m3": 2}[num_kv_splits], calls
     gluon = calls[1] if num_kv_splits == "device" else calls[0]
     assert "(%arg0, %arg0, %arg1, %arg1, %arg2, %arg3" in gluon, gluon
     from jax_decode.backends import typed_ffi
@@ -619,7 +675,7 @@ def _check_jax_lowering(num_kv_splits) -> None:
         assert all("custom_call @triton_kernel_call_ffi(" in line for line in calls), calls
 
 
-@pytest.mark.parametrize("num_kv_splits", [1, 2, "device", "two tokens"])
+@pytest.mark.parametrize("num_kv_splits", [1, 2, "device", "two tokens", "e4m3"])
 def test_jax_lowers_the_gluon_stage1_for_sm90(num_kv_splits):
     from jax_decode.backends.gluon_call import jaxlib_tma_missing
     from jax_decode.backends.triton import jax_triton_import_error

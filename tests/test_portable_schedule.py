@@ -95,7 +95,8 @@ def test_scheduled_stage1_matches_the_oracle_and_jax_bit_for_bit(case: Case, pro
 def test_a_schedule_made_once_serves_every_call_it_was_made_for(forced_schedule, monkeypatch):
     """torch_bridge.decode_schedule's schedule taken by later calls (the accepted-call
     path too): the same bits as calls that compute their own, without the schedule
-    kernel; refused for another problem, another seq_lens tensor or one written since."""
+    kernel; refused for another plan, another seq_lens tensor or one written since;
+    taken under inference mode, and under torch.compile the call computes its own."""
     import torch_bridge.launcher
 
     case = CASES["gqa_f16_window_sinks_qlen3"]
@@ -117,7 +118,7 @@ def test_a_schedule_made_once_serves_every_call_it_was_made_for(forced_schedule,
 
     with pytest.raises(TypeError, match="what torch_bridge.decode_schedule returns"):
         torch_bridge.decode_attention(q, k, v, pt, sl, schedule=tuple(schedule), **options)
-    with pytest.raises(ValueError, match="made for another problem"):
+    with pytest.raises(ValueError, match="made for another plan"):
         torch_bridge.decode_attention(q, k, v, pt, sl, schedule=schedule, **dict(options, sm_scale=0.5))
     with pytest.raises(ValueError, match="made from other lengths"):
         torch_bridge.decode_attention(q, k, v, pt, sl.clone(), schedule=schedule, **options)
@@ -129,12 +130,23 @@ def test_a_schedule_made_once_serves_every_call_it_was_made_for(forced_schedule,
     got = torch_bridge.decode_attention(q, k, v, pt, sl, return_lse=True, schedule=fresh, **options)
     np.testing.assert_array_equal(to_float64(got[0]), to_float64(want[0]))
 
-    def compiled_call(q, k, v, pt, sl):
-        return torch_bridge.decode_attention(q, k, v, pt, sl, schedule=fresh, **options)
+    # Under torch.compile a call computes its own schedule: the same bits.
+    def compiled_call(q, k, v, pt, sl, schedule):
+        return torch_bridge.decode_attention(q, k, v, pt, sl, schedule=schedule, **options)
 
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="takes eager calls and CUDA graphs"):
-        torch.compile(compiled_call, fullgraph=True, backend="aot_eager")(q, k, v, pt, sl)
+    got = torch.compile(compiled_call, fullgraph=True, backend="aot_eager")(q, k, v, pt, sl, fresh)
+    np.testing.assert_array_equal(to_float64(got), to_float64(want[0]))
+    torch._dynamo.reset()
+
+    # Lengths made under inference mode (serving code's): torch keeps no version of them,
+    # so only their identity is checked.
+    with torch.inference_mode():
+        lens = sl.clone()
+        schedule = torch_bridge.decode_schedule(q, k, v, pt, lens, **options)
+        got = torch_bridge.decode_attention(q, k, v, pt, lens, schedule=schedule, **options)
+    assert schedule.version is None
+    np.testing.assert_array_equal(to_float64(got), to_float64(want[0]))
 
 
 def test_a_schedule_without_a_device_schedule_holds_no_tensor():

@@ -139,7 +139,13 @@ class GluonLauncher:
         self.constexpr_values = tuple(value for _, value in launch.constexprs)
         self.descriptor = TensorDescriptor
         self.views = tuple(
-            (view.operand, [view.rows, view.cols], [view.row_stride, 1], list(view.block), tma_layout(view.block))
+            (
+                view.operand,
+                [view.rows, view.cols],
+                [view.row_stride, 1],
+                list(view.block),
+                tma_layout(view.block, view.dtype),
+            )  # fmt: skip
             for view in launch.tma
         )
 

@@ -276,7 +276,13 @@ class DecodeSchedule(NamedTuple):
     config: LaunchConfig  # the plan of the calls it serves
     tensor: torch.Tensor | None  # int32, on seq_lens' device; None where the plan has no schedule
     seq_lens: torch.Tensor  # the lengths it was computed from ...
-    version: int  # ... and their torch version counter then (in-place writes bump it)
+    version: int | None  # ... and their torch version counter then (None: an inference tensor has none)
+
+
+def _version(seq_lens: torch.Tensor) -> int | None:
+    """seq_lens' version counter (torch bumps it on in-place writes through torch), or
+    None for an inference tensor, whose writes torch does not count."""
+    return None if seq_lens.is_inference() else seq_lens._version
 
 
 def _check_schedule(schedule, config: LaunchConfig, seq_lens: torch.Tensor) -> torch.Tensor | None:
@@ -285,10 +291,10 @@ def _check_schedule(schedule, config: LaunchConfig, seq_lens: torch.Tensor) -> t
         raise TypeError(f"schedule must be what torch_bridge.decode_schedule returns, got {type(schedule).__name__}")
     if schedule.config is not config and schedule.config != config:
         raise ValueError(
-            "schedule was made for another problem: give decode_schedule the shapes, dtypes and options of the "
+            "schedule was made for another plan: give decode_schedule the shapes, dtypes and options of the "
             "decode_attention calls it serves"
         )
-    if schedule.seq_lens is not seq_lens or seq_lens._version != schedule.version:
+    if schedule.seq_lens is not seq_lens or _version(seq_lens) != schedule.version:
         raise ValueError(
             "schedule was made from other lengths: pass the seq_lens tensor it was made from, unchanged since "
             "(after seq_lens changes, call decode_schedule again)"
@@ -537,8 +543,8 @@ def decode_attention(
 
     ``schedule``: what :func:`decode_schedule` returned for the same arguments and this
     ``seq_lens`` tensor, unchanged since: the call then takes the device-side schedule
-    from it instead of computing its own (a decode step's layers share one; eager calls
-    and CUDA graphs, not torch.compile).
+    from it instead of computing its own (a decode step's layers share one).  Under
+    torch.compile the call does not take it and computes its own (the same result).
     """
     check_flag("return_lse", return_lse)
     check_flag("check_inputs", check_inputs)
@@ -547,8 +553,8 @@ def decode_attention(
         out, lse = _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, out, None,
                                return_lse, check_inputs, schedule)  # fmt: skip
         return (out, lse) if return_lse else out
-    # Tracing: what the op's schema needs; the op runs _run_decode when the graph runs.
-    _refuse_schedule_when_compiling(schedule)
+    # Tracing: what the op's schema needs; the op runs _run_decode when the graph runs
+    # (computing its own schedule: a schedule= is not taken here, see the docstring).
     _traced(check_inputs, page_table, seq_lens)
     arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, out=out)
     check_arrays(arrays, optional=("v_cache", "out"), array_type=torch.Tensor, array_kind=TENSOR)
@@ -568,14 +574,7 @@ def decode_attention(
     return (out, lse) if return_lse else out
 
 
-def _refuse_schedule_when_compiling(schedule) -> None:
-    if schedule is not None:
-        raise TypeError(
-            "schedule= takes eager calls and CUDA graphs; under torch.compile leave it out (each call then computes "
-            "its own schedule)"
-        )
-
-
+@torch.compiler.disable  # (a Python object holding tensors: made eagerly, a graph break under torch.compile)
 def decode_schedule(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -600,21 +599,22 @@ def decode_schedule(
     Hopper, batches of several rows) every call otherwise launches the schedule kernel
     itself; elsewhere the schedule holds no tensor and a call taking it runs as without.
 
-    The calls must pass the same ``seq_lens`` tensor, not written since: a call refuses
-    the schedule (ValueError) if seq_lens is another tensor or torch saw it change in
-    place.  Writes torch cannot see (through a raw pointer or another framework's view
-    of its memory) are the caller's to follow with a new schedule.  Under a CUDA graph
-    capture the schedule kernel is captured with the calls and recomputed at each
-    replay.  Not under torch.compile (TypeError).
+    A call refuses the schedule (ValueError) if its plan differs (the shapes, dtypes
+    and options that decide the launch; the values of scales and sinks do not), or if
+    ``seq_lens`` is another tensor or one torch counted a write to since (an in-place
+    operation on it or on a view of it).  Torch counts no writes through ``.data``,
+    ``.numpy()``, DLPack or storage aliases, raw pointers or other frameworks, nor any
+    to an inference tensor (it keeps no version for those): after such a write, make a
+    new schedule.  Under a CUDA graph capture the schedule kernel is captured with the
+    calls and recomputed at each replay.  Under torch.compile it runs eagerly (a graph
+    break, which ``fullgraph=True`` refuses).
     """
     check_flag("check_inputs", check_inputs)
-    if torch.compiler.is_compiling():
-        raise TypeError("decode_schedule takes eager calls and CUDA graphs, not torch.compile")
     options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
     _, _, config, ops = _plan_call(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, None,
                                    None, check_inputs)  # fmt: skip
     tensor = launch_schedule(config, ops) if config.schedule_programs else None
-    return DecodeSchedule(config, tensor, seq_lens, seq_lens._version)
+    return DecodeSchedule(config, tensor, seq_lens, _version(seq_lens))
 
 
 def decode_attention_fwd(

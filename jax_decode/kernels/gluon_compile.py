@@ -55,10 +55,11 @@ def gluon_kernel(name: str):
 
 @functools.cache
 def tma_layout(block: tuple[int, int], dtype: str = "bf16"):
-    """The shared-memory layout a TMA block lands in (the widest swizzle the block allows)."""
+    """The shared-memory layout a TMA block of ``dtype`` elements (Triton's name: "bf16",
+    "fp8e4nv") lands in (the widest swizzle the block allows)."""
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for(list(block), {"bf16": gl.bfloat16}[dtype])
+    return gl.NVMMASharedLayout.get_default_for(list(block), {"bf16": gl.bfloat16, "fp8e4nv": gl.float8e4nv}[dtype])
 
 
 def signature(launch) -> dict[str, str]:
@@ -68,7 +69,7 @@ def signature(launch) -> dict[str, str]:
         if kind == "tma":
             view = next(tma)
             block = ", ".join(map(str, view.block))
-            sig[name] = f"tensordesc<bf16[{block}],{tma_layout(view.block)!r}>"
+            sig[name] = f"tensordesc<{view.dtype}[{block}],{tma_layout(view.block, view.dtype)!r}>"
         else:
             sig[name] = kind
     sig.update({name: "constexpr" for name, _ in launch.constexprs})

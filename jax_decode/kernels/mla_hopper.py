@@ -62,6 +62,17 @@ registers, no spills (triton 3.6).  On
 the H100, b64 ctx4k 150.7 us against 178.7 for the kernel above and 131.5 for FlashMLA
 in the same run; b128 ctx1k 109.4 against 120.4 and 77.2 (docs/performance.md).
 
+An e4m3 latent (``KV_FP8``, the seesaw kernels only; planned with
+``make_launch_config(..., hopper_fp8=True)``, which the frontends do not pass yet): the
+same buffers and schedule, but each K part is copied as fp8 into the upper half of its
+own (16-bit) buffer and widened there to float16 by the warpgroup that scores the tile,
+as the part lands (``_widen_part``: the low columns first, the rest after a warpgroup
+barrier; invalid rows zeroed on the way), and Q, landed as bfloat16, is rewritten as
+float16, so the products run in float16 (e4m3 values are exact in it) with P in float16.
+The scales multiply the scores (K) and the finished output (V).  It compiles for sm_90
+(231,596 bytes of shared memory, 255 registers, 8 bytes of stack with fixed splits under
+triton 3.9, whose bf16 build has none); it has not yet run on a GPU.
+
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per
 split and ``mid_lse`` f32 ``[batch, num_heads, num_kv_splits]`` (natural log); a split
@@ -112,6 +123,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 # Triton 3.6 calls the CTA barrier thread_barrier; later versions barrier.
 _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+# Triton 3.6 calls a shared-memory view's reinterpret _reinterpret.
+_PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -408,6 +421,8 @@ def _mla_stage1_hopper(
     kr_desc,  # TMA over the same rows, block [64, 64] read at column 512
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # unused (a bfloat16 cache; the seesaw kernels take fp8 ones)
+    v_scale_ptr,  # unused
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
     mid_o_ptr,  # f32 [batch, (q_len,) num_heads, num_kv_splits, head_dim_v] (or the final out, see below)
     mid_lse_ptr,  # f32 [batch, (q_len,) num_heads, num_kv_splits] (or the final lse)
@@ -464,6 +479,8 @@ def _mla_stage1_hopper_scheduled(
     kr_desc,
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # unused (as _mla_stage1_hopper's)
+    v_scale_ptr,
     schedule_ptr,  # int32: jax_decode.kernels.schedule._work_schedule's
     num_pages,  # int
     batch,  # int
@@ -558,13 +575,17 @@ def _seesaw_q_part(q_l, q_r, q_e, part: gl.constexpr):
 
 
 @gluon.jit
-def _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, stage: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, row,
-                 pred):  # fmt: skip
+def _seesaw_load(k_desc, kr_desc, dst, full, stage: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, row, pred,
+                 KV_FP8: gl.constexpr):  # fmt: skip
     """Start the copies of parts [P0, P1) of one K tile into ``stage``, each completing
-    its own barrier ``full[stage][part]``.  All expects come before all copies: the
-    analysis puts a CTA barrier between an expect and a copy on the same barrier, so
-    this order needs one, not one per part.  (Copies into slices of one allocation get
-    one each as well, which is why a half is one copy, not four of 64 columns.)"""
+    its own barrier ``full[stage][part]``.  ``dst``: the (left half, right half, rope)
+    buffers the copies land in -- the K parts themselves, or with an fp8 cache their
+    landing zones, the upper half of each part's bytes (index ``2 * stage + 1``; see
+    :func:`_widen_part`).  All expects come before all copies: the analysis puts a CTA
+    barrier between an expect and a copy on the same barrier, so this order needs one,
+    not one per part.  (Copies into slices of one allocation get one each as well,
+    which is why a half is one copy, not four of 64 columns.)"""
+    slot: gl.constexpr = 2 * stage + 1 if KV_FP8 else stage
     for part in gl.static_range(P0, P1):
         if part == 0:
             mbarrier.expect(full[stage][0], kr_desc.block_type.nbytes, pred=pred)
@@ -572,42 +593,102 @@ def _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, stage: gl.constexpr, P0: 
             mbarrier.expect(full[stage][part], k_desc.block_type.nbytes, pred=pred)
     for part in gl.static_range(P0, P1):
         if part == 0:
-            _tma_load(kr_desc, [row, ROPE_COL], full[stage][0], k_e.index(stage), pred=pred)
+            _tma_load(kr_desc, [row, ROPE_COL], full[stage][0], dst[2].index(slot), pred=pred)
         else:
-            _tma_load(k_desc, [row, (part - 1) * 256], full[stage][part], _seesaw_k_part(k_l, k_r, k_e, stage, part),
-                      pred=pred)  # fmt: skip
+            _tma_load(k_desc, [row, (part - 1) * 256], full[stage][part], dst[part - 1].index(slot), pred=pred)
 
 
 @gluon.jit
-def _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, q_bar, full, q_row, row0, row1,
-                  num_tiles):  # fmt: skip
+def _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, dst, q_bar, full, q_row, row0, row1, num_tiles,
+                  KV_FP8: gl.constexpr):  # fmt: skip
     """Start a chunk's copies: its Q rows and its first two K tiles."""
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
     _tma_load(q_desc, [q_row, 0], q_bar, q_l.index(0))
     _tma_load(q_desc, [q_row, 256], q_bar, q_r.index(0))
     _tma_load(qr_desc, [q_row, ROPE_COL], q_bar, q_e.index(0))
-    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 3, row0, 0 < num_tiles)
-    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 3, row1, 1 < num_tiles)
+    _seesaw_load(k_desc, kr_desc, dst, full, 0, 0, 3, row0, 0 < num_tiles, KV_FP8)
+    _seesaw_load(k_desc, kr_desc, dst, full, 1, 0, 3, row1, 1 < num_tiles, KV_FP8)
 
 
 @gluon.jit
-def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, stage: gl.constexpr, phase, tile_start, end, page_ok, pred,
-                   s_zero, FIRST: gl.constexpr, zero_layout: gl.constexpr, zs):  # fmt: skip
+def _widen_part(k_part, landed, tile_start, end, page_ok):
+    """An fp8 cache's K part, landed by TMA in the upper half of ``k_part``'s bytes
+    (``landed``), widened to float16 in ``k_part`` (exactly: every e4m3 value is a
+    float16), its rows past ``end`` (all rows, for a bad page) zeroed, then fenced for
+    the warpgroup MMAs.  The f16 columns below ``landed`` are written first; the rest
+    once every thread of the warpgroup holds the fp8 bytes they overwrite.  One
+    warpgroup (4 warps) runs it."""
+    ROWS: gl.constexpr = landed.shape[0]
+    COLS: gl.constexpr = landed.shape[1]
+    if COLS == 256:  # a latent half: two 128-byte column blocks of fp8
+        layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+        rows = tile_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        keep = ((rows < end) & page_ok)[:, None]
+        low = landed.slice(0, 128, dim=1).load(layout)
+        low = low.to(gl.float16)
+        k_part.slice(0, 128, dim=1).store(gl.where(keep, low, gl.zeros_like(low)))
+        high = landed.slice(128, 128, dim=1).load(layout)
+        _cta_barrier()  # every thread has read ``landed``: the f16 columns 128.. overwrite it
+        high = high.to(gl.float16)
+        k_part.slice(128, 128, dim=1).store(gl.where(keep, high, gl.zeros_like(high)))
+    else:  # the rope part: one 64-byte column block of fp8
+        layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        rows = tile_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        keep = ((rows < end) & page_ok)[:, None]
+        x = landed.load(layout)
+        _cta_barrier()
+        x = x.to(gl.float16)
+        k_part.store(gl.where(keep, x, gl.zeros_like(x)))
+    fence_async_shared()
+    _cta_barrier()
+
+
+@gluon.jit
+def _q_to_f16(q_landed, q16):
+    """Q rows landed as bfloat16 by TMA (``q_landed``) rewritten in place as float16
+    (``q16``, a view of the same bytes), saturated at +-65504, for the float16 products
+    with a widened fp8 cache."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    x = q_landed.index(0).load(layout).to(gl.float32)
+    x = gl.minimum(gl.maximum(x, -65504.0), 65504.0).to(gl.float16)
+    _cta_barrier()
+    q16.index(0).store(x)
+
+
+@gluon.jit
+def _as_dtype(buffer, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    """``buffer``'s bytes seen as ``dtype`` (Triton 3.6 calls this _reinterpret)."""
+    if _PUBLIC_REINTERPRET:
+        return buffer.reinterpret(dtype, shape, layout)
+    else:
+        return buffer._reinterpret(dtype, shape, layout)
+
+
+@gluon.jit
+def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, land, full, stage: gl.constexpr, phase, tile_start, end, page_ok,
+                   pred, s_zero, FIRST: gl.constexpr, zero_layout: gl.constexpr, zs, KV_FP8: gl.constexpr):  # fmt: skip
     """S = Q K^T of one tile as three products (rope, left half, right half), each
     issued as soon as its part has landed, starting with part FIRST (the parts in the
     order they were freed for this tile's copy).  A tile that runs past ``end`` or has
-    a bad page waits for all its parts and has its invalid rows zeroed first."""
-    if pred & ((tile_start + 64 > end) | (~page_ok)):
-        for part in gl.static_range(3):
-            mbarrier.wait(full[stage][part], phase)
-        _zero_invalid_rows(k_l.index(stage), tile_start, end, page_ok, zero_layout)
-        _zero_invalid_rows(k_r.index(stage), tile_start, end, page_ok, zero_layout)
-        _zero_invalid_rows(k_e.index(stage), tile_start, end, page_ok, zero_layout)
-        fence_async_shared()
-        _cta_barrier()
+    a bad page waits for all its parts and has its invalid rows zeroed first.  With an
+    fp8 cache each part is widened (its invalid rows zeroed) as it lands."""
+    if not KV_FP8:
+        if pred & ((tile_start + 64 > end) | (~page_ok)):
+            for part in gl.static_range(3):
+                mbarrier.wait(full[stage][part], phase)
+            _zero_invalid_rows(k_l.index(stage), tile_start, end, page_ok, zero_layout)
+            _zero_invalid_rows(k_r.index(stage), tile_start, end, page_ok, zero_layout)
+            _zero_invalid_rows(k_e.index(stage), tile_start, end, page_ok, zero_layout)
+            fence_async_shared()
+            _cta_barrier()
     s = s_zero
     for i in gl.static_range(3):
         mbarrier.wait(full[stage][(FIRST + i) % 3], phase, pred=pred)
+        if KV_FP8:
+            if pred:
+                _widen_part(_seesaw_k_part(k_l, k_r, k_e, stage, (FIRST + i) % 3),
+                            _seesaw_k_part(land[0], land[1], land[2], 2 * stage + 1, (FIRST + i) % 3), tile_start,
+                            end, page_ok)  # fmt: skip
         k_t = _seesaw_k_part(k_l, k_r, k_e, stage + zs, (FIRST + i) % 3).permute((1, 0))
         q_part = _seesaw_q_part(q_l, q_r, q_e, (FIRST + i) % 3).index(zs)
         s = warpgroup_mma(q_part, k_t, s, use_acc=i > 0, is_async=True)
@@ -685,6 +766,8 @@ def _seesaw_partition(
     page_table_ptr,
     seq_lens_ptr,
     schedule_ptr,
+    k_scale_ptr,  # f32: the fp8 cache's scales (read where K_SCALE / V_SCALE)
+    v_scale_ptr,
     num_pages,
     mid_o_ptr,
     mid_lse_ptr,
@@ -712,6 +795,9 @@ def _seesaw_partition(
     STRIDE_OH: gl.constexpr,
     STRIDE_LB: gl.constexpr,
     STRIDE_LH: gl.constexpr,
+    KV_FP8: gl.constexpr,  # an e4m3 cache, widened to float16 in shared memory as it lands
+    K_SCALE: gl.constexpr,  # 0: none; else k_scale_ptr[0] multiplies the scores
+    V_SCALE: gl.constexpr,  # 0: none; else v_scale_ptr[0] multiplies the output
     WG: gl.constexpr,
 ):
     """One warpgroup of the seesaw: WG 0 scores even tiles (stage 0) and owns output
@@ -755,7 +841,11 @@ def _seesaw_partition(
     rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     qk_scale = SM_SCALE * LOG2E
-    q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, s_m0, s_m1, s_l, q_bar, full, xbars = smem
+    if K_SCALE > 0:
+        qk_scale = qk_scale * gl.load(k_scale_ptr)  # (one KV head: a per-head scale has one value)
+    # q_l, q_r, q_e: Q as the products read it (float16 views of q_in with an fp8 cache);
+    # land: where the K copies land (the K parts, or their upper halves as fp8).
+    q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, s_m0, s_m1, s_l, q_bar, full, xbars, q_in, land, q_ready = smem
     bar_m0, bar_m1, bar_p0, bar_p1, bar_fin, bar_p0_free = xbars
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -780,20 +870,30 @@ def _seesaw_partition(
         # previous chunk's fin barrier for the others.
         if WG == 0:
             if not SCHEDULED:
-                _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, q_bar, full, q_row,
-                              row0, row1, num_tiles)  # fmt: skip
+                _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_in[0], q_in[1], q_in[2], land, q_bar, full, q_row,
+                              row0, row1, num_tiles, KV_FP8)  # fmt: skip
             elif c == 0:
-                _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, q_bar, full, q_row,
-                              row0, row1, num_tiles)  # fmt: skip
+                _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_in[0], q_in[1], q_in[2], land, q_bar, full, q_row,
+                              row0, row1, num_tiles, KV_FP8)  # fmt: skip
         mbarrier.wait(q_bar, c & 1)
+        if KV_FP8:  # Q as float16: WG 0 the left half and the rope part, WG 1 the right half
+            if WG == 0:
+                _q_to_f16(q_in[0], q_l)
+                _q_to_f16(q_in[2], q_e)
+            else:
+                _q_to_f16(q_in[1], q_r)
+            fence_async_shared()
+            _cta_barrier()
+            mbarrier.arrive(q_ready)
+            mbarrier.wait(q_ready, c & 1)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows)
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=rows)
         acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
         num_pairs = gl.cdiv(num_tiles, 2)
         s = s_zero
         if WG == 0:  # the first even tile's scores; each pair computes the next pair's
-            s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, pair_base & 1, start, end, ok0, num_tiles > 0,
-                               s_zero, 0, zero_layout, 0)  # fmt: skip
+            s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, land, full, 0, pair_base & 1, start, end, ok0,
+                               num_tiles > 0, s_zero, 0, zero_layout, 0, KV_FP8)  # fmt: skip
 
         for j in range(num_pairs):
             phase = (pair_base + j) & 1  # the exchanges' and the even tile's
@@ -813,7 +913,7 @@ def _seesaw_partition(
                 # ---- the even tile's scores are in s (from the previous pair, or before the loop)
                 ts0 = start + t0 * BLOCK_N
                 _cta_barrier()
-                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 0, 1, row0n, has_t0n)
+                _seesaw_load(k_desc, kr_desc, land, full, 0, 0, 1, row0n, has_t0n, KV_FP8)
                 s = _mask_scores(s * qk_scale, ts0, end, ok0, offs_n, row_limit, Q_LEN)
                 m0 = gl.maximum(m_i, gl.max(s, 1))
                 s_m0.store(m0)
@@ -823,7 +923,7 @@ def _seesaw_partition(
                 sc0 = gl.exp2(m_i - ms0)
                 p = gl.exp2(s - ms0[:, None])
                 l_i = l_i * sc0 + gl.sum(p, 1)
-                p = p.to(gl.bfloat16)
+                p = p.to(p0_smem.dtype)
                 # P0 (on m0) for WG 1's P0 V0_R, once the previous pair's is done with the buffer.
                 mbarrier.wait(bar_p0_free, phase ^ 1, pred=pair_base + j > 0)
                 p0_smem.store(p)
@@ -839,7 +939,7 @@ def _seesaw_partition(
                 sc1 = gl.exp2(m0 - _safe(m1))
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
                 _cta_barrier()
-                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 1, 2, row0n, has_t0n)
+                _seesaw_load(k_desc, kr_desc, land, full, 0, 1, 2, row0n, has_t0n, KV_FP8)
                 l_i = l_i * sc1
                 m_i = m1
                 # ---- P1 V1_L, and behind it the next even tile's scores on the parts that
@@ -855,14 +955,20 @@ def _seesaw_partition(
                     mbarrier.wait(full[1][1], phase1)
                     acc = warpgroup_mma(k_e.index(1 + zs), k_l.index(1 + zs), acc, is_async=True)
                     mbarrier.wait(full[0][0], phase ^ 1)
+                    if KV_FP8:  # (widened under P1 V1_L)
+                        _widen_part(k_e.index(0), land[2].index(1), ts0n, end, ok0n)
                     s = warpgroup_mma(q_e.index(zs), k_e.index(zs).permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)  # fmt: skip
                     mbarrier.wait(full[0][1], phase ^ 1)
+                    if KV_FP8:
+                        _widen_part(k_l.index(0), land[0].index(1), ts0n, end, ok0n)
                     s = warpgroup_mma(q_l.index(zs), k_l.index(zs).permute((1, 0)), s, is_async=True)
                     acc = warpgroup_mma_wait(2, deps=(acc,))  # P1 V1_L has retired; the scores run on
                     _cta_barrier()
-                    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 2, row1n, has_t1n)
+                    _seesaw_load(k_desc, kr_desc, land, full, 1, 0, 2, row1n, has_t1n, KV_FP8)
                     mbarrier.wait(full[0][2], phase ^ 1)
+                    if KV_FP8:
+                        _widen_part(k_r.index(0), land[1].index(1), ts0n, end, ok0n)
                     s = warpgroup_mma(q_r.index(zs), k_r.index(zs).permute((1, 0)), s, is_async=True)
                     s = warpgroup_mma_wait(0, deps=(s,))
                 else:  # the last pairs, or a next tile to be masked: one after the other
@@ -871,17 +977,17 @@ def _seesaw_partition(
                         acc = warpgroup_mma(k_e.index(1 + zs), k_l.index(1 + zs), acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(acc,))
                     _cta_barrier()
-                    _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 0, 2, row1n, has_t1n)
+                    _seesaw_load(k_desc, kr_desc, land, full, 1, 0, 2, row1n, has_t1n, KV_FP8)
                     if has_t0n:
-                        s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 0, phase ^ 1, ts0n, end, ok0n, True,
-                                           s_zero, 0, zero_layout, zs)  # fmt: skip
+                        s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, land, full, 0, phase ^ 1, ts0n, end, ok0n,
+                                           True, s_zero, 0, zero_layout, zs, KV_FP8)  # fmt: skip
             else:
                 # ---- scores of the odd tile (right half first; none past the end: every score -inf)
                 ts1 = start + t1 * BLOCK_N
                 s = s_zero
                 if has_t1:
-                    s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, full, 1, phase1, ts1, end, ok1, True, s_zero, 2,
-                                       zero_layout, zs)  # fmt: skip
+                    s = _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, land, full, 1, phase1, ts1, end, ok1, True,
+                                       s_zero, 2, zero_layout, zs, KV_FP8)  # fmt: skip
                 s = _mask_scores(s * qk_scale, ts1, end, ok1 & has_t1, offs_n, row_limit, Q_LEN)
                 mbarrier.wait(bar_m0, phase)
                 m0 = s_m0.load(rows)
@@ -902,7 +1008,7 @@ def _seesaw_partition(
                 l_i = l_i * (sc0 * sc1) + gl.sum(p, 1)
                 m_i = m1
                 # P1 goes to K1's rope part, which S1 no longer needs.
-                p = p.to(gl.bfloat16)
+                p = p.to(p0_smem.dtype)
                 k_e.index(1).store(p)
                 fence_async_shared()
                 _cta_barrier()
@@ -910,7 +1016,7 @@ def _seesaw_partition(
                 acc = warpgroup_mma_wait(0, deps=(acc,))
                 _cta_barrier()
                 mbarrier.arrive(bar_p0_free)
-                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 0, 2, 3, row0n, has_t0n)
+                _seesaw_load(k_desc, kr_desc, land, full, 0, 2, 3, row0n, has_t0n, KV_FP8)
                 # ---- P1 V1_R
                 acc = acc * gl.convert_layout(sc1, o_rows)[:, None]
                 if has_t1:
@@ -918,7 +1024,7 @@ def _seesaw_partition(
                     acc = warpgroup_mma(p_op, k_r.index(1 + zs), acc, is_async=True)
                     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
                 _cta_barrier()
-                _seesaw_load(k_desc, kr_desc, k_l, k_r, k_e, full, 1, 2, 3, row1n, has_t1n)
+                _seesaw_load(k_desc, kr_desc, land, full, 1, 2, 3, row1n, has_t1n, KV_FP8)
             ok0 = ok0n
             ok1 = ok1n
         pair_base += num_pairs
@@ -944,12 +1050,14 @@ def _seesaw_partition(
                     )  # fmt: skip
                     nrow0, _ = _page_of(npage_row_ptr, nstart, 0, ntiles, num_pages, BLOCK_N, PAGE_SIZE)
                     nrow1, _ = _page_of(npage_row_ptr, nstart, 1, ntiles, num_pages, BLOCK_N, PAGE_SIZE)
-                    _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, k_l, k_r, k_e, q_bar, full,
-                                  nq_row, nrow0, nrow1, ntiles)  # fmt: skip
+                    _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_in[0], q_in[1], q_in[2], land, q_bar, full,
+                                  nq_row, nrow0, nrow1, ntiles, KV_FP8)  # fmt: skip
         l_tot = sums.slice(0, BLOCK_H).load(rows) + sums.slice(BLOCK_H, BLOCK_H).load(rows)
         has_tokens = l_tot > 0
         l_safe = gl.where(has_tokens, l_tot, 1.0)
         o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+        if V_SCALE > 0:
+            o = o * gl.load(v_scale_ptr)
         rows_o = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
         cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
         rows_s = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
@@ -980,50 +1088,76 @@ def _seesaw_default(args, consts: gl.constexpr):
 def _seesaw_call(args, consts: gl.constexpr, WG: gl.constexpr):
     # The constexprs travel apart from the tensors: inside a partition's argument tuple
     # they would arrive as runtime values.
-    (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-     mid_lse_ptr, out_ptr, lse_ptr) = args  # fmt: skip
+    (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, k_scale_ptr, v_scale_ptr,
+     num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr) = args  # fmt: skip
     _seesaw_partition(
-        q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-        mid_lse_ptr, out_ptr, lse_ptr, consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6],
-        consts[7], consts[8], consts[9], consts[10], consts[11], consts[12], consts[13], consts[14], consts[15],
-        consts[16], consts[17], consts[18], consts[19], consts[20], consts[21], WG,
+        q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, k_scale_ptr, v_scale_ptr,
+        num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts[0], consts[1], consts[2], consts[3], consts[4],
+        consts[5], consts[6], consts[7], consts[8], consts[9], consts[10], consts[11], consts[12], consts[13],
+        consts[14], consts[15], consts[16], consts[17], consts[18], consts[19], consts[20], consts[21], consts[22],
+        consts[23], consts[24], WG,
     )  # fmt: skip
 
 
 @gluon.jit
-def _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-                mid_lse_ptr, out_ptr, lse_ptr, consts):  # fmt: skip
+def _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, k_scale_ptr,
+                v_scale_ptr, num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts):  # fmt: skip
     """Allocate the seesaw's shared memory and barriers and run its two warpgroups
-    (warpgroup 0 the kernel's own 4 warps, warpgroup 1 a 4-warp worker partition)."""
+    (warpgroup 0 the kernel's own 4 warps, warpgroup 1 a 4-warp worker partition).
+
+    With an fp8 cache (``consts[22]``) the K parts hold float16, each landing by TMA as
+    fp8 in the upper half of its own bytes and widened in place (:func:`_widen_part`),
+    and Q lands as bfloat16 and is rewritten as float16: the same buffers as bfloat16's,
+    so the same shared memory."""
     BLOCK_H: gl.constexpr = 64
     BLOCK_N: gl.constexpr = 64
+    KV_FP8: gl.constexpr = consts[22]
     gl.static_assert(q_desc.block_type.shape[1] == 256, "latent halves")
     gl.static_assert(consts[11] % BLOCK_N == 0, "a K tile must lie inside one page")  # PAGE_SIZE
-    half_layout: gl.constexpr = k_desc.layout
-    rope_layout: gl.constexpr = kr_desc.layout
+    # 16-bit tiles: Q's layouts (the cache's are fp8's with an fp8 cache).
+    half_layout: gl.constexpr = q_desc.layout
+    rope_layout: gl.constexpr = qr_desc.layout
+    if KV_FP8:
+        k_dtype: gl.constexpr = gl.float16
+    else:
+        k_dtype: gl.constexpr = gl.bfloat16
     # Q as arrays of one, so that the loop can index them with a value the compiler
     # cannot fold (see _seesaw_partition).
     q_l = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 256], half_layout)
     q_r = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 256], half_layout)
     q_e = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, 64], rope_layout)
-    k_l = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
-    k_r = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], half_layout)
-    k_e = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], rope_layout)
+    k_l = gl.allocate_shared_memory(k_dtype, [2, BLOCK_N, 256], half_layout)
+    k_r = gl.allocate_shared_memory(k_dtype, [2, BLOCK_N, 256], half_layout)
+    k_e = gl.allocate_shared_memory(k_dtype, [2, BLOCK_N, 64], rope_layout)
     vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     s_m0 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
     s_m1 = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_layout)
     s_l = gl.allocate_shared_memory(gl.float32, [2, 2 * BLOCK_H], vec_layout)
-    p0_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], rope_layout)
+    p0_smem = gl.allocate_shared_memory(k_dtype, [BLOCK_H, BLOCK_N], rope_layout)
     q_bar = _barrier(1)
     # full[s][p]: part p (0 rope, 1 left half, 2 right half) of stage s's K tile.
     full = ((_barrier(1), _barrier(1), _barrier(1)), (_barrier(1), _barrier(1), _barrier(1)))
     # exchanges: m0, m1, P0, P1 once a pair; a chunk's end (both warpgroups); P0's
     # buffer free again.
     xbars = (_barrier(1), _barrier(1), _barrier(1), _barrier(1), _barrier(2), _barrier(1))
+    if KV_FP8:
+        q_views = (_as_dtype(q_l, gl.float16, [1, BLOCK_H, 256], half_layout),
+                   _as_dtype(q_r, gl.float16, [1, BLOCK_H, 256], half_layout),
+                   _as_dtype(q_e, gl.float16, [1, BLOCK_H, 64], rope_layout))  # fmt: skip
+        # Each K stage's part as two fp8 buffers of its size: index 2 s + 1 is its upper half.
+        land = (_as_dtype(k_l, gl.float8e4nv, [4, BLOCK_N, 256], k_desc.layout),
+                _as_dtype(k_r, gl.float8e4nv, [4, BLOCK_N, 256], k_desc.layout),
+                _as_dtype(k_e, gl.float8e4nv, [4, BLOCK_N, 64], kr_desc.layout))  # fmt: skip
+        q_ready = _barrier(2)  # both warpgroups' share of Q rewritten
+    else:
+        q_views = (q_l, q_r, q_e)
+        land = (k_l, k_r, k_e)
+        q_ready = q_bar  # (unused)
     fence_async_shared()
-    smem = (q_l, q_r, q_e, k_l, k_r, k_e, p0_smem, s_m0, s_m1, s_l, q_bar, full, xbars)
-    args = (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-            mid_lse_ptr, out_ptr, lse_ptr)  # fmt: skip
+    smem = (q_views[0], q_views[1], q_views[2], k_l, k_r, k_e, p0_smem, s_m0, s_m1, s_l, q_bar, full, xbars,
+            (q_l, q_r, q_e), land, q_ready)  # fmt: skip
+    args = (q_desc, qr_desc, k_desc, kr_desc, smem, page_table_ptr, seq_lens_ptr, schedule_ptr, k_scale_ptr,
+            v_scale_ptr, num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr)  # fmt: skip
     gl.warp_specialize([(_seesaw_default, (args, consts)), (_seesaw_worker, (args, consts))], [4], [248])
 
 
@@ -1031,10 +1165,12 @@ def _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, 
 def _mla_stage1_hopper_seesaw(
     q_desc,  # as _mla_stage1_hopper's, block [64, 256] (latent halves)
     qr_desc,  # as _mla_stage1_hopper's
-    k_desc,  # as _mla_stage1_hopper's, block [64, 256]
+    k_desc,  # as _mla_stage1_hopper's, block [64, 256] (bf16, or e4m3 with KV_FP8)
     kr_desc,  # as _mla_stage1_hopper's
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # f32 [1]: the fp8 cache's K scale (read if K_SCALE)
+    v_scale_ptr,  # f32 [1]: its V scale (read if V_SCALE)
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
     mid_o_ptr,  # f32 [batch, num_heads, num_kv_splits, head_dim_v] (or the final out)
     mid_lse_ptr,  # f32 [batch, num_heads, num_kv_splits] (or the final lse)
@@ -1053,15 +1189,18 @@ def _mla_stage1_hopper_seesaw(
     CAPACITY: gl.constexpr,
     NUM_KV_SPLITS: gl.constexpr,
     Q_LEN: gl.constexpr,  # query tokens per batch row; rows are (token, head) pairs
+    KV_FP8: gl.constexpr,  # an e4m3 cache (widened to float16 in shared memory)
+    K_SCALE: gl.constexpr,  # 0: none; else k_scale_ptr[0] multiplies the scores
+    V_SCALE: gl.constexpr,  # 0: none; else v_scale_ptr[0] multiplies the output
 ):
     """The seesaw schedule with fixed splits (see the module docstring): launch with
     num_warps=4, grid ``(cdiv(Q_LEN * num_heads, 64), batch, NUM_KV_SPLITS)``.  Same
     outputs as _mla_stage1_hopper; its descriptors with [64, 256] latent blocks."""
     consts: gl.constexpr = (STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLT,
                             STRIDE_MLH, STRIDE_MLS, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, Q_LEN, 1,
-                            0, False, 0, 0, 0, 0)  # fmt: skip
-    _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, seq_lens_ptr, num_pages, mid_o_ptr,
-                mid_lse_ptr, mid_o_ptr, mid_lse_ptr, consts)  # fmt: skip
+                            0, False, 0, 0, 0, 0, KV_FP8, K_SCALE, V_SCALE)  # fmt: skip
+    _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, seq_lens_ptr, k_scale_ptr,
+                v_scale_ptr, num_pages, mid_o_ptr, mid_lse_ptr, mid_o_ptr, mid_lse_ptr, consts)  # fmt: skip
 
 
 @gluon.jit
@@ -1072,6 +1211,8 @@ def _mla_stage1_hopper_seesaw_scheduled(
     kr_desc,
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # f32 [1] (read if K_SCALE)
+    v_scale_ptr,  # f32 [1] (read if V_SCALE)
     schedule_ptr,  # int32: jax_decode.kernels.schedule._work_schedule's
     num_pages,  # int
     batch,  # int (the schedule's; unused here)
@@ -1090,6 +1231,9 @@ def _mla_stage1_hopper_seesaw_scheduled(
     STRIDE_OH: gl.constexpr,
     STRIDE_LB: gl.constexpr,
     STRIDE_LH: gl.constexpr,
+    KV_FP8: gl.constexpr,
+    K_SCALE: gl.constexpr,
+    V_SCALE: gl.constexpr,
 ):
     """The seesaw under the device-side schedule: _mla_stage1_hopper_scheduled's
     contract (grid ``(cdiv(num_heads, 64), NUM_PROGRAMS)``, chunk ``(p, b)`` to slot
@@ -1097,6 +1241,7 @@ def _mla_stage1_hopper_seesaw_scheduled(
     row the schedule gives one chunk goes straight to ``out`` and ``lse``, normalised
     (the merge, run with ``SKIP_WHOLE``, leaves those rows alone)."""
     consts: gl.constexpr = (STRIDE_PTB, 0, 0, 512, 0, 0, 0, 1, 0, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, 1, 1,
-                            NUM_PROGRAMS, CHUNK_COST, True, STRIDE_OB, STRIDE_OH, STRIDE_LB, STRIDE_LH)  # fmt: skip
-    _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr,
-                mid_lse_ptr, out_ptr, lse_ptr, consts)  # fmt: skip
+                            NUM_PROGRAMS, CHUNK_COST, True, STRIDE_OB, STRIDE_OH, STRIDE_LB, STRIDE_LH, KV_FP8, K_SCALE,
+                            V_SCALE)  # fmt: skip
+    _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, k_scale_ptr,
+                v_scale_ptr, num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts)  # fmt: skip

@@ -130,6 +130,7 @@ class TmaView:
     cols: int
     row_stride: int
     block: tuple[int, int]
+    dtype: str = "bf16"  # Triton's name of the element type: "bf16" or "fp8e4nv"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,16 +401,21 @@ class LaunchConfig:
         p = self.problem
         latent, rope = (HOPPER_MLA_ROWS, p.head_dim_v), (HOPPER_MLA_ROWS, p.head_dim_qk - p.head_dim_v)
         q_rows, k_rows = p.batch * p.q_len * p.num_heads, p.num_pages * p.page_size
+        kv_fp8 = p.cache_dtype == "float8_e4m3fn"  # (the seesaw kernels widen it in shared memory)
+        k_type = "fp8e4nv" if kv_fp8 else "bf16"
         tma = (
             TmaView("q", q_rows, p.head_dim_qk, strides.q[1], latent),
             TmaView("q", q_rows, p.head_dim_qk, strides.q[1], rope),
-            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], latent),
-            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], rope),
+            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], latent, k_type),
+            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], rope, k_type),
         )
         descriptors = (("q_desc", "tma"), ("qr_desc", "tma"), ("k_desc", "tma"), ("kr_desc", "tma"))
         # The seesaw kernels: warp-specialised, 4 + 4 warps, latent blocks are halves.
         # Rows are (token, head) pairs in both kernels.
         seesaw = self.hopper_seesaw
+        assert seesaw or not kv_fp8, "an fp8 cache runs the seesaw kernels"
+        scales = (("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"))
+        fp8_meta = dict(KV_FP8=kv_fp8, K_SCALE=p.k_scale, V_SCALE=p.v_scale) if seesaw else {}
         if seesaw:
             half = (HOPPER_MLA_ROWS, p.head_dim_v // 2)
             tma = tuple(dataclasses.replace(view, block=half) if view.block == latent else view for view in tma)
@@ -425,13 +431,13 @@ class LaunchConfig:
             )
             assert p.q_len == 1, "the device-side schedule takes one query token"
             params = (
-                *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("schedule_ptr", "*i32"),
+                *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), *scales, ("schedule_ptr", "*i32"),
                 ("num_pages", "i32"), ("batch", "i32"), ("mid_o_ptr", "*fp32"), ("mid_lse_ptr", "*fp32"),
             )  # fmt: skip
             if seesaw:  # rows of one chunk go straight to out and lse
                 params += (("out_ptr", _POINTER[p.dtype]), ("lse_ptr", "*fp32"))
                 meta.update(STRIDE_OB=strides.out[0], STRIDE_OH=strides.out[1], STRIDE_LB=strides.lse[0],
-                            STRIDE_LH=strides.lse[1])  # fmt: skip
+                            STRIDE_LH=strides.lse[1], **fp8_meta)  # fmt: skip
             else:
                 meta.update(NUM_STAGES=2, PIPELINE=1)
             grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), self.schedule_programs, 1)
@@ -439,7 +445,7 @@ class LaunchConfig:
             return KernelLaunch(name, grid, warps, 1, tuple(meta.items()), params, tma)
         out_type = _POINTER[p.dtype] if self.one_pass else "*fp32"
         params = (
-            *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), ("num_pages", "i32"),
+            *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), *scales, ("num_pages", "i32"),
             ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
         )  # fmt: skip
         # In the kernel's parameter order (torch's launcher passes them by position).
@@ -454,7 +460,7 @@ class LaunchConfig:
         )
         if not seesaw:
             meta.update(NUM_STAGES=2, PIPELINE=1)
-        meta.update(Q_LEN=p.q_len)
+        meta.update(Q_LEN=p.q_len, **fp8_meta)
         grid = (cdiv(p.q_len * p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
         name, warps = ("mla_hopper_seesaw", 4) if seesaw else ("mla_hopper", 8)
         return KernelLaunch(name, grid, warps, 1, tuple(meta.items()), params, tma)

@@ -162,11 +162,12 @@ def _tensor_core_blocks(p: DecodeProblem, device: DeviceInfo) -> bool:
     )
 
 
-def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool) -> bool:
+def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool, fp8: bool = False) -> bool:
     """What the Gluon sm_90 MLA stage 1 computes: one latent KV head of 576 = 512 + 64
-    with V its first 512 columns, bfloat16 throughout, no soft-cap, window or sinks,
-    pages of whole 64-token tiles, and TMA's 32-bit row coordinates; one query token, or
-    several where ``multi_token``."""
+    with V its first 512 columns, bfloat16 q and cache (or, where ``fp8``, an e4m3 cache
+    with any scales), no soft-cap, window or sinks, pages of whole 64-token tiles, and
+    TMA's 32-bit row coordinates; one query token, or several where ``multi_token``."""
+    bf16_cache = p.cache_dtype == "bfloat16" and p.k_scale == p.v_scale == SCALE_NONE
     return (
         device.hopper_kernels
         and device.vendor == "nvidia"
@@ -174,8 +175,8 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool) -> bool
         and p.v_from_k
         and p.num_kv_heads == 1
         and (p.head_dim_qk, p.head_dim_v) == (576, 512)
-        and p.dtype == p.cache_dtype == "bfloat16"
-        and p.k_scale == p.v_scale == SCALE_NONE
+        and p.dtype == "bfloat16"
+        and (bf16_cache or (fp8 and p.cache_dtype == "float8_e4m3fn"))
         and (p.q_len == 1 or multi_token)
         and p.logit_cap == 0
         and p.window_left < 0
@@ -206,8 +207,8 @@ def hopper_mla_program(p: DecodeProblem) -> ProgramShape:
         threads=threads,
         registers=registers,
         shared_bytes=shared,
-        in_flight_bytes=2 * HOPPER_MLA_TILE * p.head_dim_qk * 2,
-        token_bytes=p.head_dim_qk * 2,
+        in_flight_bytes=2 * HOPPER_MLA_TILE * p.head_dim_qk * itemsize(p.cache_dtype),
+        token_bytes=p.head_dim_qk * itemsize(p.cache_dtype),
         flops_per_token=2 * heads * (p.head_dim_qk + p.head_dim_v),
         mma="wgmma",
         partial_bytes=heads * (p.head_dim_v + 1) * 4,
@@ -310,6 +311,7 @@ def make_launch_config(
     device_schedule: bool = True,
     hopper_multi_token: bool = True,
     portable_schedule: bool = False,
+    hopper_fp8: bool = False,
 ) -> LaunchConfig:
     """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one.
 
@@ -327,6 +329,9 @@ def make_launch_config(
     by default: on an H100 the schedule beat every fixed split on long-tailed batches
     (3-7%) but ranged from 4% faster to 8% slower than the hedge on uniform ones, which
     this rule does not yet tell apart (docs/performance.md).
+    ``hopper_fp8``: let the Gluon MLA stage 1 (the seesaw kernels) take an e4m3 cache,
+    widened to float16 in shared memory as it lands.  Off by default: it compiles for
+    sm_90 (tested on the CPU) but has not yet run on a GPU.
     """
     p = problem
     check_cache_dtype_on_device(p.cache_dtype, device)
@@ -368,7 +373,7 @@ def make_launch_config(
         # per program only add issue slots the memory system cannot feed.
         num_warps = 4
 
-    hopper_mla = _hopper_mla(p, device, hopper_multi_token)
+    hopper_mla = _hopper_mla(p, device, hopper_multi_token, hopper_fp8)
     programs, wave = 0, 0
     if num_kv_splits is None and hopper_mla:
         num_kv_splits = hopper_mla_splits(p, device)
