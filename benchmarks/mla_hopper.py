@@ -106,6 +106,7 @@ class MlaHopper:
         self.meta.update(STRIDE_MOT=0, STRIDE_MLT=0, Q_LEN=1)  # one query token: no token axis
         if self.seesaw:
             del self.meta["NUM_STAGES"], self.meta["PIPELINE"]
+            self.meta.update(KV_FP8=False, K_SCALE=0, V_SCALE=0)  # a bfloat16 cache
         if direct:  # one split: stage 1 writes out and lse itself (split strides 0)
             assert num_kv_splits == 1
             self.meta.update(

@@ -74,11 +74,10 @@ def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=N
     """The Gluon MLA stage 1's inputs after its TMA descriptors (which ``launch.tma``
     builds over ``ops.q`` and ``ops.k_cache``); its two outputs follow.  ``schedule``:
     the device-side schedule's (for a config with ``schedule_programs``)."""
-    # (seq_lens stands in for absent scales: the kernel does not read them then.)
-    scales = (
-        ops.seq_lens if ops.k_scale is None else ops.k_scale,
-        ops.seq_lens if ops.v_scale is None else ops.v_scale,
-    )
+    # MLA's V is K's first columns and takes K's scale, as in stage1_inputs; seq_lens
+    # stands in for an absent scale, which the kernel then does not read.
+    v_scale = ops.k_scale if problem.v_from_k else ops.v_scale
+    scales = (ops.seq_lens if ops.k_scale is None else ops.k_scale, ops.seq_lens if v_scale is None else v_scale)
     if schedule is None:
         return (ops.page_table, ops.seq_lens, *scales, problem.num_pages)
     return (ops.page_table, ops.seq_lens, *scales, schedule, problem.num_pages, problem.batch)

@@ -246,7 +246,7 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
 
     problem = _hopper_mla_problem(64, num_heads, q_len, fp8)
     q, k_cache, _, page_table, seq_lens = problem.arrays
-    scales = (problem.extras["k_scale"], problem.extras["v_scale"]) if fp8 else (None, None)
+    scales = (problem.extras["k_scale"], None) if fp8 else (None, None)  # (MLA: V takes K's scale)
     quantised = dict(kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR) if fp8 else {}
     mla = _mla(batch=len(LENGTHS), num_heads=num_heads, max_pages=page_table.shape[1], num_pages=k_cache.shape[0],
                q_len=q_len or 1, token_axis=q_len is not None, **quantised)  # fmt: skip
@@ -551,6 +551,28 @@ def test_tma_ready_needs_row_views():
     assert not config.tma_ready(dataclasses.replace(strides, k=(64 * 576 * 2, 576, 576)))  # every other page
     assert not config.tma_ready(dataclasses.replace(strides, q=(0, 0)))  # a broadcast q
     assert not config.tma_ready(dataclasses.replace(strides, q=(128 * 8, 8)))  # overlapping rows
+    # An e4m3 cache: its row stride must be 16 bytes, not 16-bit elements, apart.
+    from jax_decode.launch.problem import SCALE_PER_TENSOR
+
+    e4m3 = _mla(batch=2, num_heads=128, max_pages=4, kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR,
+                v_scale=SCALE_PER_TENSOR)  # fmt: skip
+    fp8 = _plan(e4m3, hopper_fp8=True)
+    assert fp8.tma_ready(dataclasses.replace(strides, k=(64 * 592, 592, 592)))
+    assert not fp8.tma_ready(dataclasses.replace(strides, k=(64 * 584, 584, 584)))  # rows 584 bytes apart
+
+
+def test_mla_v_takes_k_scale_in_the_gluon_stage1_inputs():
+    """MLA's V is K's first 512 columns: the Gluon stage 1's V scale pointer is K's (as
+    the portable stage 1's), never the placeholder it would dequantise with."""
+    from jax_decode.launch.problem import SCALE_PER_TENSOR
+    from jax_decode.operands import DecodeOperands, hopper_stage1_inputs
+
+    problem = _mla(kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR)
+    ops = DecodeOperands("q", "k", None, "page_table", "seq_lens", "k_scale", None)
+    assert hopper_stage1_inputs(ops, problem)[:4] == ("page_table", "seq_lens", "k_scale", "k_scale")
+    assert hopper_stage1_inputs(ops, problem, "schedule")[2:5] == ("k_scale", "k_scale", "schedule")
+    unscaled = DecodeOperands("q", "k", None, "page_table", "seq_lens")
+    assert hopper_stage1_inputs(unscaled, _mla())[2:4] == ("seq_lens", "seq_lens")  # placeholders, unread
 
 
 def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1, seesaw=True, fp8=False) -> None:

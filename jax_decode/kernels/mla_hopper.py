@@ -646,12 +646,12 @@ def _widen_part(k_part, landed, tile_start, end, page_ok):
 @gluon.jit
 def _q_to_f16(q_landed, q16):
     """Q rows landed as bfloat16 by TMA (``q_landed``) rewritten in place as float16
-    (``q16``, a view of the same bytes), saturated at +-65504, for the float16 products
-    with a widened fp8 cache."""
+    (``q16``, a view of the same bytes) for the float16 products with a widened fp8
+    cache, as the portable kernel's fp8 products take q: values beyond +-65504 saturate,
+    NaN stays NaN.  (Each thread rewrites the elements it read.)"""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     x = q_landed.index(0).load(layout).to(gl.float32)
-    x = gl.minimum(gl.maximum(x, -65504.0), 65504.0).to(gl.float16)
-    _cta_barrier()
+    x = gl.where(x == x, gl.minimum(gl.maximum(x, -65504.0), 65504.0), x).to(gl.float16)
     q16.index(0).store(x)
 
 

@@ -384,8 +384,8 @@ class LaunchConfig:
             strides.q[0] == p.q_len * p.num_heads * strides.q[1]
             and tokens_ok
             and strides.k[0] == p.page_size * strides.k[1]
-            and strides.q[1] % 8 == 0
-            and strides.k[1] % 8 == 0
+            and strides.q[1] % 8 == 0  # (bfloat16 q: 16-byte rows)
+            and strides.k[1] * itemsize(p.cache_dtype) % 16 == 0
             and strides.q[1] >= p.head_dim_qk
             and strides.k[1] >= p.head_dim_qk
         )
