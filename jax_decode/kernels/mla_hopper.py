@@ -620,27 +620,34 @@ def _widen_part(k_part, landed, tile_start, end, page_ok):
     warpgroup (4 warps) runs it."""
     ROWS: gl.constexpr = landed.shape[0]
     COLS: gl.constexpr = landed.shape[1]
+    whole = (tile_start + ROWS <= end) & page_ok  # (the common case: no row to zero)
     if COLS == 256:  # a latent half: two 128-byte column blocks of fp8
         layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-        rows = tile_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        keep = ((rows < end) & page_ok)[:, None]
-        low = landed.slice(0, 128, dim=1).load(layout)
-        low = low.to(gl.float16)
-        k_part.slice(0, 128, dim=1).store(gl.where(keep, low, gl.zeros_like(low)))
+        low = landed.slice(0, 128, dim=1).load(layout).to(gl.float16)
+        low = _zero_rows_past(low, tile_start, end, page_ok, whole, layout)
+        k_part.slice(0, 128, dim=1).store(low)
         high = landed.slice(128, 128, dim=1).load(layout)
         _cta_barrier()  # every thread has read ``landed``: the f16 columns 128.. overwrite it
-        high = high.to(gl.float16)
-        k_part.slice(128, 128, dim=1).store(gl.where(keep, high, gl.zeros_like(high)))
+        high = _zero_rows_past(high.to(gl.float16), tile_start, end, page_ok, whole, layout)
+        k_part.slice(128, 128, dim=1).store(high)
     else:  # the rope part: one 64-byte column block of fp8
         layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-        rows = tile_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        keep = ((rows < end) & page_ok)[:, None]
         x = landed.load(layout)
         _cta_barrier()
-        x = x.to(gl.float16)
-        k_part.store(gl.where(keep, x, gl.zeros_like(x)))
+        x = _zero_rows_past(x.to(gl.float16), tile_start, end, page_ok, whole, layout)
+        k_part.store(x)
     fence_async_shared()
     _cta_barrier()
+
+
+@gluon.jit
+def _zero_rows_past(x, tile_start, end, page_ok, whole, layout: gl.constexpr):
+    """``x`` (a tile's rows from ``tile_start`` on) with the rows past ``end`` (all, where
+    not ``page_ok``) zeroed; unchanged where the tile is ``whole``."""
+    if not whole:
+        rows = tile_start + gl.arange(0, x.shape[0], layout=gl.SliceLayout(1, layout))
+        x = gl.where(((rows < end) & page_ok)[:, None], x, gl.zeros_like(x))
+    return x
 
 
 @gluon.jit
