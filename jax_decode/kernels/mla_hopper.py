@@ -70,8 +70,9 @@ as the part lands (``_widen_part``: the low columns first, the rest after a warp
 barrier; invalid rows zeroed on the way), and Q, landed as bfloat16, is rewritten as
 float16, so the products run in float16 (e4m3 values are exact in it) with P in float16.
 The scales multiply the scores (K) and the finished output (V).  It compiles for sm_90
-(231,596 bytes of shared memory, 255 registers, 8 bytes of stack with fixed splits under
-triton 3.9, whose bf16 build has none); it has not yet run on a GPU.
+(under triton 3.9: 231,596 bytes of shared memory, 128 more than bf16's, 255 registers,
+8-16 bytes of stack with fixed splits and 232 scheduled, where the bf16 build has none
+and 184); it has not yet run on a GPU.
 
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per
