@@ -138,6 +138,9 @@ def test_a_schedule_made_once_serves_every_call_it_was_made_for(forced_schedule,
     got = torch.compile(compiled_call, fullgraph=True, backend="aot_eager")(q, k, v, pt, sl, fresh)
     np.testing.assert_array_equal(to_float64(got), to_float64(want[0]))
     torch._dynamo.reset()
+    with pytest.raises(Exception, match="what torch_bridge.decode_schedule returns"):  # (inside torch's Unsupported)
+        torch.compile(compiled_call, fullgraph=True, backend="aot_eager")(q, k, v, pt, sl, (1, 2))
+    torch._dynamo.reset()
 
     # Lengths made under inference mode (serving code's): torch keeps no version of them,
     # so only their identity is checked.

@@ -207,7 +207,9 @@ class DecodeRun:
             self.scheduled_stage1 = StageLauncher(config.stage1(strides))
         # Whether the launches take a device-side schedule (the fixed splits stand in
         # where no scheduled stage 1 runs).
-        self.scheduled = bool(config.schedule_programs) and (self.gluon or self.scheduled_stage1) is not None
+        self.scheduled = bool(config.schedule_programs) and (
+            self.gluon is not None or self.scheduled_stage1 is not None
+        )
         if self.scheduled:
             self.merge = StageLauncher(config.schedule_merge(strides))
         # The seesaw's scheduled stage 1 writes the rows of one chunk to out itself.

@@ -554,7 +554,10 @@ def decode_attention(
                                return_lse, check_inputs, schedule)  # fmt: skip
         return (out, lse) if return_lse else out
     # Tracing: what the op's schema needs; the op runs _run_decode when the graph runs
-    # (computing its own schedule: a schedule= is not taken here, see the docstring).
+    # (computing its own schedule: a schedule= is not taken here, see the docstring, but
+    # one of another type is refused as eagerly).
+    if schedule is not None and type(schedule) is not DecodeSchedule:
+        _check_schedule(schedule, None, seq_lens)
     _traced(check_inputs, page_table, seq_lens)
     arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, out=out)
     check_arrays(arrays, optional=("v_cache", "out"), array_type=torch.Tensor, array_kind=TENSOR)
