@@ -81,16 +81,26 @@ def time_torch(fn_for_set, sets, device_time: bool, rep_ms: int = 100) -> float:
 
 
 def time_jax(fn, arg_sets, device_time: bool) -> float:
-    """ms per call of the jitted ``fn(*args)``, rotating over ``arg_sets``."""
+    """ms per call of the jitted ``fn(*args)``, rotating over ``arg_sets``.  With device
+    time the calls run in one jitted program, which takes each distinct array once: calls
+    that share an array (a decode step's layers share the page table and the lengths)
+    share it inside the program too, as in a model's jitted step (where XLA merges the
+    work that depends on it alone, such as the device-side schedule)."""
     import jax
 
     calls = DEVICE_TIME_CALLS if device_time else CALLS_PER_TIMING
     order = [arg_sets[i % len(arg_sets)] for i in range(calls)]
     if device_time:
-        many = jax.jit(lambda sets: [fn(*args) for args in sets])
+        leaves, tree = jax.tree_util.tree_flatten(order)
+        position = {}
+        for leaf in leaves:
+            position.setdefault(id(leaf), len(position))
+        distinct = list({id(leaf): leaf for leaf in leaves}.values())
+        where = [position[id(leaf)] for leaf in leaves]
+        many = jax.jit(lambda arrays: [fn(*args) for args in tree.unflatten([arrays[i] for i in where])])
 
         def one_round():
-            return many(order)
+            return many(distinct)
     else:
 
         def one_round():
