@@ -55,29 +55,31 @@ def stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=None) ->
     with ``schedule_programs``), is replaced by ``seq_lens``, which the kernel then does
     not read.
     """
-    v_cache, v_scale = (ops.k_cache, ops.k_scale) if problem.v_from_k else (ops.v_cache, ops.v_scale)
-    placeholder = ops.seq_lens
+    v_cache = ops.k_cache if problem.v_from_k else ops.v_cache
     return (
         ops.q,
         ops.k_cache,
         v_cache,
         ops.page_table,
         ops.seq_lens,
-        placeholder if ops.k_scale is None else ops.k_scale,
-        placeholder if v_scale is None else v_scale,
-        placeholder if schedule is None else schedule,
+        *_scale_inputs(ops, problem),
+        ops.seq_lens if schedule is None else schedule,
         problem.num_pages,
     )
+
+
+def _scale_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
+    """A stage 1's K and V scale pointers: MLA's V (K's first columns) takes K's scale;
+    ``seq_lens`` stands in for an absent scale, which the kernel then does not read."""
+    v_scale = ops.k_scale if problem.v_from_k else ops.v_scale
+    return tuple(ops.seq_lens if scale is None else scale for scale in (ops.k_scale, v_scale))
 
 
 def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=None) -> tuple:
     """The Gluon MLA stage 1's inputs after its TMA descriptors (which ``launch.tma``
     builds over ``ops.q`` and ``ops.k_cache``); its two outputs follow.  ``schedule``:
     the device-side schedule's (for a config with ``schedule_programs``)."""
-    # MLA's V is K's first columns and takes K's scale, as in stage1_inputs; seq_lens
-    # stands in for an absent scale, which the kernel then does not read.
-    v_scale = ops.k_scale if problem.v_from_k else ops.v_scale
-    scales = (ops.seq_lens if ops.k_scale is None else ops.k_scale, ops.seq_lens if v_scale is None else v_scale)
+    scales = _scale_inputs(ops, problem)
     if schedule is None:
         return (ops.page_table, ops.seq_lens, *scales, problem.num_pages)
     return (ops.page_table, ops.seq_lens, *scales, schedule, problem.num_pages, problem.batch)

@@ -285,10 +285,14 @@ def _version(seq_lens: torch.Tensor) -> int | None:
     return None if seq_lens.is_inference() else seq_lens._version
 
 
-def _check_schedule(schedule, config: LaunchConfig, seq_lens: torch.Tensor) -> torch.Tensor | None:
-    """A ``schedule=`` argument's tensor, if it was made for this call's plan and lengths."""
+def _check_schedule_type(schedule) -> None:
     if type(schedule) is not DecodeSchedule:
         raise TypeError(f"schedule must be what torch_bridge.decode_schedule returns, got {type(schedule).__name__}")
+
+
+def _check_schedule(schedule, config: LaunchConfig, seq_lens: torch.Tensor) -> torch.Tensor | None:
+    """A ``schedule=`` argument's tensor, if it was made for this call's plan and lengths."""
+    _check_schedule_type(schedule)
     if schedule.config is not config and schedule.config != config:
         raise ValueError(
             "schedule was made for another plan: give decode_schedule the shapes, dtypes and options of the "
@@ -556,8 +560,8 @@ def decode_attention(
     # Tracing: what the op's schema needs; the op runs _run_decode when the graph runs
     # (computing its own schedule: a schedule= is not taken here, see the docstring, but
     # one of another type is refused as eagerly).
-    if schedule is not None and type(schedule) is not DecodeSchedule:
-        _check_schedule(schedule, None, seq_lens)
+    if schedule is not None:
+        _check_schedule_type(schedule)
     _traced(check_inputs, page_table, seq_lens)
     arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, out=out)
     check_arrays(arrays, optional=("v_cache", "out"), array_type=torch.Tensor, array_kind=TENSOR)

@@ -143,12 +143,9 @@ NUM_WARPS = 8
 @gluon.jit
 def _zero_invalid_rows(k_tile, tile_start, end, page_ok, layout: gl.constexpr):
     """Zero the rows of a landed K tile that are past ``end`` (or all, for a bad page)."""
-    rows = tile_start + gl.arange(0, k_tile.shape[0], layout=gl.SliceLayout(1, layout))
-    keep = (rows < end) & page_ok
     for c in gl.static_range(k_tile.shape[1] // 64):
         chunk = k_tile.slice(c * 64, 64, dim=1)
-        x = chunk.load(layout)
-        chunk.store(gl.where(keep[:, None], x, gl.zeros_like(x)))
+        chunk.store(_zero_rows_past(chunk.load(layout), tile_start, end, page_ok, False, layout))
 
 
 @gluon.jit
@@ -612,6 +609,13 @@ def _seesaw_begin(q_desc, qr_desc, k_desc, kr_desc, q_l, q_r, q_e, dst, q_bar, f
 
 
 @gluon.jit
+def _landed(land, stage: gl.constexpr, part: gl.constexpr):
+    """Where part ``part`` (as :func:`_seesaw_k_part` numbers them) of stage ``stage``'s K
+    tile lands as fp8: the upper half of that part's 16-bit buffer."""
+    return _seesaw_k_part(land[0], land[1], land[2], 2 * stage + 1, part)
+
+
+@gluon.jit
 def _widen_part(k_part, landed, tile_start, end, page_ok):
     """An fp8 cache's K part, landed by TMA in the upper half of ``k_part``'s bytes
     (``landed``), widened to float16 in ``k_part`` (exactly: every e4m3 value is a
@@ -695,8 +699,7 @@ def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, land, full, stage: gl.constexpr
         if KV_FP8:
             if pred:
                 _widen_part(_seesaw_k_part(k_l, k_r, k_e, stage, (FIRST + i) % 3),
-                            _seesaw_k_part(land[0], land[1], land[2], 2 * stage + 1, (FIRST + i) % 3), tile_start,
-                            end, page_ok)  # fmt: skip
+                            _landed(land, stage, (FIRST + i) % 3), tile_start, end, page_ok)  # fmt: skip
         k_t = _seesaw_k_part(k_l, k_r, k_e, stage + zs, (FIRST + i) % 3).permute((1, 0))
         q_part = _seesaw_q_part(q_l, q_r, q_e, (FIRST + i) % 3).index(zs)
         s = warpgroup_mma(q_part, k_t, s, use_acc=i > 0, is_async=True)
@@ -964,19 +967,19 @@ def _seesaw_partition(
                     acc = warpgroup_mma(k_e.index(1 + zs), k_l.index(1 + zs), acc, is_async=True)
                     mbarrier.wait(full[0][0], phase ^ 1)
                     if KV_FP8:  # (widened under P1 V1_L)
-                        _widen_part(k_e.index(0), land[2].index(1), ts0n, end, ok0n)
+                        _widen_part(k_e.index(0), _landed(land, 0, 0), ts0n, end, ok0n)
                     s = warpgroup_mma(q_e.index(zs), k_e.index(zs).permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)  # fmt: skip
                     mbarrier.wait(full[0][1], phase ^ 1)
                     if KV_FP8:
-                        _widen_part(k_l.index(0), land[0].index(1), ts0n, end, ok0n)
+                        _widen_part(k_l.index(0), _landed(land, 0, 1), ts0n, end, ok0n)
                     s = warpgroup_mma(q_l.index(zs), k_l.index(zs).permute((1, 0)), s, is_async=True)
                     acc = warpgroup_mma_wait(2, deps=(acc,))  # P1 V1_L has retired; the scores run on
                     _cta_barrier()
                     _seesaw_load(k_desc, kr_desc, land, full, 1, 0, 2, row1n, has_t1n, KV_FP8)
                     mbarrier.wait(full[0][2], phase ^ 1)
                     if KV_FP8:
-                        _widen_part(k_r.index(0), land[1].index(1), ts0n, end, ok0n)
+                        _widen_part(k_r.index(0), _landed(land, 0, 2), ts0n, end, ok0n)
                     s = warpgroup_mma(q_r.index(zs), k_r.index(zs).permute((1, 0)), s, is_async=True)
                     s = warpgroup_mma_wait(0, deps=(s,))
                 else:  # the last pairs, or a next tile to be masked: one after the other
