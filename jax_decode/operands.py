@@ -76,10 +76,13 @@ def _scale_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
 
 
 def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=None) -> tuple:
-    """The Gluon MLA stage 1's inputs after its TMA descriptors (which ``launch.tma``
-    builds over ``ops.q`` and ``ops.k_cache``); its two outputs follow.  ``schedule``:
-    the device-side schedule's (for a config with ``schedule_programs``)."""
+    """A Gluon stage 1's inputs after its TMA descriptors (which ``launch.tma`` builds over
+    the operands it names); its two outputs follow.  The MLA kernels take q by TMA, the
+    GQA kernel (separate K and V caches) through a pointer.  ``schedule``: the
+    device-side schedule's (for a config with ``schedule_programs``)."""
     scales = _scale_inputs(ops, problem)
+    if not problem.v_from_k:
+        return (ops.q, ops.page_table, ops.seq_lens, *scales, problem.num_pages)
     if schedule is None:
         return (ops.page_table, ops.seq_lens, *scales, problem.num_pages)
     return (ops.page_table, ops.seq_lens, *scales, schedule, problem.num_pages, problem.batch)

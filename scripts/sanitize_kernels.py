@@ -15,10 +15,10 @@ through torch_bridge (the compiled kernels; the JAX path launches the same binar
 Each run's output is also checked against the float64 oracle, which implements the
 documented semantics for these inputs.
 
-``--hopper`` (an sm_90 GPU): the Gluon MLA stage 1 instead -- bf16 MLA with 64-token
+``--hopper`` (an sm_90 GPU): the Gluon stage 1s instead -- bf16 MLA with 64-token
 pages at 16 and 128 heads, fixed splits, one pass, the device-side schedule and
-(token, head) rows, and an e4m3 latent with scales (``hopper_fp8``) -- with the same
-adversarial inputs.  Its barriers are placed by
+(token, head) rows, an e4m3 latent with scales, and fp8 GQA (``hopper_fp8``) -- with
+the same adversarial inputs.  Its barriers are placed by
 hand, so run it under racecheck and synccheck too (``TOOL=racecheck
 scripts/sanitize.sh --hopper``).
 """
@@ -147,7 +147,7 @@ def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 
 
 
 def hopper_main() -> None:
-    """The Gluon MLA stage 1's configurations (see the module docstring)."""
+    """The Gluon stage 1s' configurations (see the module docstring)."""
     from jax_decode.kernels.gluon_compile import hopper_kernels_usable
 
     if DEVICE != "cuda" or torch.cuda.get_device_capability() != (9, 0) or not hopper_kernels_usable():
@@ -168,6 +168,13 @@ def hopper_main() -> None:
     fp8 = dataclasses.replace(base, kv_dtype="float8_e4m3fn", kv_scales="tensor")
     for heads, splits in ((16, 3), (128, None)):
         cases.append((dataclasses.replace(fp8, num_heads=heads, num_kv_splits=splits), dict(hopper_fp8=True)))
+    # The fp8 GQA stage 1 (hopper_fp8): pages of 16 (four TMA boxes a tile) and 64, four
+    # and 64 query heads a KV head.
+    gqa = Case(num_heads=32, num_kv_heads=8, head_dim_qk=128, page_size=16, max_pages=9, dtype="bfloat16",
+               kv_dtype="float8_e4m3fn", kv_scales="head")  # fmt: skip
+    for changes in (dict(num_kv_splits=None), dict(num_kv_splits=1), dict(num_kv_splits=3, page_size=64, max_pages=3),
+                    dict(num_heads=64, num_kv_heads=1, num_kv_splits=2)):  # fmt: skip
+        cases.append((dataclasses.replace(gqa, **changes), dict(hopper_fp8=True)))
     variants = ["valid", "bad_page_ids", "bad_lengths", "narrow_page_table", "nan_inf"]
     runs = 0
     for case, plan_options in cases:

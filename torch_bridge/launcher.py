@@ -189,8 +189,8 @@ def scratch(config: LaunchConfig, like: torch.Tensor) -> tuple[torch.Tensor, tor
 
 class DecodeRun:
     """The launches of one (config, operand strides): the portable stages, and where the
-    config chooses them and the operands allow their TMA copies, the Gluon stage 1 with
-    its device-side schedule and merge."""
+    config chooses them and the operands allow their TMA copies, the Gluon stage 1 (MLA
+    with its device-side schedule and merge, or fp8 GQA)."""
 
     def __init__(self, config: LaunchConfig, strides: KernelStrides, device_index: int):
         self.config = config
@@ -201,7 +201,7 @@ class DecodeRun:
         self.stage2 = StageLauncher(self.fixed.stage2(strides))
         self._stage1_partials = None
         self.gluon = self.merge = self.scheduled_stage1 = None
-        if config.hopper_mla and device_index >= 0 and config.tma_ready(strides):
+        if (config.hopper_mla or config.hopper_gqa) and device_index >= 0 and config.tma_ready(strides):
             self.gluon = GluonLauncher(config.hopper_stage1(strides), device_index)
         if config.portable_scheduled:
             self.scheduled_stage1 = StageLauncher(config.stage1(strides))
@@ -237,8 +237,9 @@ class DecodeRun:
         shares_memory = (self.fixed.one_pass or direct) and out_given and _may_overlap(out, ops)
         one_pass = config.one_pass and not shares_memory
         gluon = self.gluon is not None and not (direct and shares_memory)
-        if gluon and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse):
-            tensors = dict(q=ops.q, k_cache=ops.k_cache)
+        aligned = gluon and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse)
+        if aligned and (ops.v_cache is None or _aligned(ops.v_cache)):
+            tensors = dict(q=ops.q, k_cache=ops.k_cache, v_cache=ops.v_cache)
             if self.scheduled:
                 if schedule is None:
                     schedule = launch_schedule(config, ops)

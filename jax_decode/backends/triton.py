@@ -163,7 +163,7 @@ def target_device() -> DeviceInfo | None:
 
 
 def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
-    """Stage 1 and stage 2 through triton_call (the Gluon MLA stage 1 through
+    """Stage 1 and stage 2 through triton_call (a Gluon stage 1 through
     :mod:`jax_decode.backends.gluon_call` where the config chooses it: JAX arrays are
     row-major, so always TMA-addressable); under the device-side schedule, the schedule,
     stage 1 and the schedule's merge.  Returns (out, lse)."""
@@ -182,11 +182,11 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
             out_types=(jax.ShapeDtypeStruct(config.schedule_shape, jnp.int32),),
             device=config.device,
         )[0]
-    if config.hopper_mla:
+    if config.hopper_mla or config.hopper_gqa:
         from jax_decode.backends.gluon_call import gluon_call
 
         launch = config.hopper_stage1(strides)
-        arrays = dict(q=ops.q, k_cache=ops.k_cache)
+        arrays = dict(q=ops.q, k_cache=ops.k_cache, v_cache=ops.v_cache)
         descriptors = tuple(arrays[view.operand] for view in launch.tma)
         inputs = (*descriptors, *operands.hopper_stage1_inputs(ops, p, schedule))
         if schedule is not None and config.hopper_seesaw:

@@ -21,6 +21,7 @@ GLUON_KERNELS = {
     "mla_hopper_scheduled": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_scheduled"),
     "mla_hopper_seesaw": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_seesaw"),
     "mla_hopper_seesaw_scheduled": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_seesaw_scheduled"),
+    "gqa_hopper_fp8": ("jax_decode.kernels.gqa_hopper", "_gqa_stage1_hopper_fp8"),
 }
 
 
@@ -91,4 +92,7 @@ def compile_launch(launch, compute_capability: int, device_index: int | None = N
     aligned = make_backend(target).parse_attr("D")  # "divisible by 16", as Triton's JIT says it
     attrs = {(i,): aligned for i, (_, kind) in enumerate(launch.param_types) if kind.startswith("*")}
     source = GluonASTSource(gluon_kernel(launch.kernel_name), signature(launch), launch.meta(), attrs)
-    return triton.compile(source, target=target, options=dict(num_warps=launch.num_warps))
+    options = dict(num_warps=launch.num_warps)
+    if launch.max_registers:
+        options["maxnreg"] = launch.max_registers
+    return triton.compile(source, target=target, options=options)

@@ -26,6 +26,17 @@ from jax_decode.launch.problem import (
 # tokens per K tile.
 HOPPER_MLA_ROWS = 64
 HOPPER_MLA_TILE = 64
+# The Gluon fp8 GQA stage 1 (jax_decode.kernels.gqa_hopper): tokens per tile (its MMAs'
+# M), the head dim it takes, query heads per KV head at most (its MMAs' N), ring stages,
+# threads (4 consumer warps and a producer warp, which Triton pads to a warpgroup) and
+# the register cap it is built with (80 a thread lets three programs share an SM, which
+# their 60 KB of shared memory also allow).
+GQA_HOPPER_TILE = 64
+GQA_HOPPER_HEAD_DIM = 128
+GQA_HOPPER_MAX_ROWS = 64
+GQA_HOPPER_STAGES = 3
+GQA_HOPPER_THREADS = 256
+GQA_HOPPER_REGISTERS = 80
 # The device-side schedule's fixed cost of starting a row's chunk (loading Q, filling
 # the pipeline, writing a partial result), in 64-token tiles; FlashMLA uses 5 too.
 HOPPER_MLA_CHUNK_COST = 5
@@ -125,7 +136,7 @@ class TmaView:
     """A TMA descriptor argument of a Gluon kernel: ``rows`` x ``cols`` elements of one
     operand (row stride ``row_stride``, last dimension contiguous), read in ``block``s."""
 
-    operand: str  # "q" or "k_cache"
+    operand: str  # "q", "k_cache" or "v_cache"
     rows: int
     cols: int
     row_stride: int
@@ -149,6 +160,7 @@ class KernelLaunch:
     constexprs: tuple[tuple[str, object], ...]
     param_types: tuple[tuple[str, str], ...] = ()  # Gluon: (name, type) of each runtime parameter
     tma: tuple[TmaView, ...] = ()  # Gluon: the descriptor parameters, in order
+    max_registers: int = 0  # Gluon: a cap on registers a thread (ptxas's maxnreg; 0: none)
 
     def meta(self) -> dict[str, object]:
         return dict(self.constexprs)
@@ -175,6 +187,10 @@ class LaunchConfig:
     # operands allow its TMA copies (see tma_ready); the fields above then describe the
     # portable kernel that takes its place elsewhere, with the same splits and scratch.
     hopper_mla: bool = False
+    # Stage 1 is the Gluon sm_90 fp8 GQA kernel (jax_decode.kernels.gqa_hopper) wherever
+    # the caches allow its TMA copies, as for hopper_mla; it writes partial results only
+    # (no one-pass launch).
+    hopper_gqa: bool = False
     # > 0: stage 1 runs this many programs per head block under the device-side
     # schedule (jax_decode.kernels.schedule) instead of fixed splits -- the Gluon stage 1
     # with hopper_mla (num_kv_splits then describes only the portable stand-in), else the
@@ -314,7 +330,12 @@ class LaunchConfig:
         its ``0 + o`` turns a -0.0 into +0.0, which only a negative ``v_scale`` (a
         meaningless one, unchecked in a tensor) produces.  torch_bridge takes two stages
         where the caller's ``out`` shares memory with an input."""
-        return not self.schedule_programs and self.num_kv_splits == 1 and not self.problem.has_sinks
+        return (
+            not self.schedule_programs
+            and self.num_kv_splits == 1
+            and not self.problem.has_sinks
+            and not self.hopper_gqa
+        )
 
     @property
     def schedule_shape(self) -> tuple[int]:
@@ -379,6 +400,10 @@ class LaunchConfig:
         overlapping view is not a TMA row view).  (Base addresses must be 16-byte aligned
         too; JAX's always are, torch's launcher checks.)"""
         p = self.problem
+        if self.hopper_gqa:  # (q is read through a pointer) each cache's rows: (page, slot)
+            row = p.num_kv_heads * p.head_dim_qk  # a slot's KV heads side by side, in bytes
+            return all(s[0] == p.page_size * s[1] and s[2] == p.head_dim_qk and s[1] >= row and s[1] % 16 == 0
+                       for s in (strides.k, strides.v))  # fmt: skip
         tokens_ok = p.q_len == 1 or strides.tokens[0] == p.num_heads * strides.q[1]
         return (
             strides.q[0] == p.q_len * p.num_heads * strides.q[1]
@@ -397,6 +422,8 @@ class LaunchConfig:
         chunk to ``out`` and ``lse`` itself, after the partials); with fixed splits one program
         per 64 query heads x split x batch row, writing stage 2's mid_o / mid_lse, or with
         one split ``out`` and ``lse`` themselves."""
+        if self.hopper_gqa:
+            return self._hopper_gqa_stage1(strides)
         assert self.hopper_mla and self.tma_ready(strides)
         p = self.problem
         latent, rope = (HOPPER_MLA_ROWS, p.head_dim_v), (HOPPER_MLA_ROWS, p.head_dim_qk - p.head_dim_v)
@@ -464,6 +491,43 @@ class LaunchConfig:
         grid = (cdiv(p.q_len * p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
         name, warps = ("mla_hopper_seesaw", 4) if seesaw else ("mla_hopper", 8)
         return KernelLaunch(name, grid, warps, 1, tuple(meta.items()), params, tma)
+
+    def _hopper_gqa_stage1(self, strides: KernelStrides) -> KernelLaunch:
+        """The Gluon fp8 GQA stage 1 (``hopper_gqa`` configs, caches ``tma_ready``): one
+        program per KV head x batch row x split, writing stage 2's mid_o / mid_lse."""
+        assert self.hopper_gqa and self.tma_ready(strides)
+        p = self.problem
+        rows, row = p.num_pages * p.page_size, p.num_kv_heads * p.head_dim_qk
+        block = (min(p.page_size, GQA_HOPPER_TILE), p.head_dim_qk)  # (a box inside one page)
+        tma = (
+            TmaView("k_cache", rows, row, strides.k[1], block, "fp8e4nv"),
+            TmaView("v_cache", rows, row, strides.v[1], block, "fp8e4nv"),
+        )
+        params = (
+            ("k_desc", "tma"), ("v_desc", "tma"), ("q_ptr", _POINTER[p.dtype]), ("page_table_ptr", "*i32"),
+            ("seq_lens_ptr", "*i32"), ("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"), ("num_pages", "i32"),
+            ("mid_o_ptr", "*fp32"), ("mid_lse_ptr", "*fp32"),
+        )  # fmt: skip
+        # (One query token: no token strides.)
+        out = {name: stride for name, stride in _stage1_out_strides(strides, final=False).items() if name[-1] != "T"}
+        meta = dict(
+            STRIDE_QB=strides.q[0],
+            STRIDE_QH=strides.q[1],
+            STRIDE_PTB=strides.page_table,
+            **out,
+            SM_SCALE=float(p.sm_scale),
+            NUM_HEADS=p.num_heads,
+            NUM_KV_HEADS=p.num_kv_heads,
+            ROWS=max(8, next_power_of_2(p.rows_per_kv_head)),
+            PAGE_SIZE=p.page_size,
+            CAPACITY=p.capacity,
+            NUM_KV_SPLITS=self.num_kv_splits,
+            NUM_STAGES=GQA_HOPPER_STAGES,
+            K_SCALE=p.k_scale,
+            V_SCALE=p.v_scale,
+        )
+        grid = (p.num_kv_heads, p.batch, self.num_kv_splits)
+        return KernelLaunch("gqa_hopper_fp8", grid, 4, 1, tuple(meta.items()), params, tma, GQA_HOPPER_REGISTERS)
 
     @property
     def reuse_k_as_v(self) -> bool:

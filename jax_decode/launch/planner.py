@@ -10,7 +10,19 @@ import dataclasses
 import math
 import operator
 
-from jax_decode.launch.config import HOPPER_MLA_CHUNK_COST, HOPPER_MLA_ROWS, HOPPER_MLA_TILE, LaunchConfig, Variant
+from jax_decode.launch.config import (
+    GQA_HOPPER_HEAD_DIM,
+    GQA_HOPPER_MAX_ROWS,
+    GQA_HOPPER_REGISTERS,
+    GQA_HOPPER_STAGES,
+    GQA_HOPPER_THREADS,
+    GQA_HOPPER_TILE,
+    HOPPER_MLA_CHUNK_COST,
+    HOPPER_MLA_ROWS,
+    HOPPER_MLA_TILE,
+    LaunchConfig,
+    Variant,
+)
 from jax_decode.launch.cost import ProgramShape, long_tail_time, programs_per_sm, uniform_time
 from jax_decode.launch.problem import (
     SCALE_NONE,
@@ -188,6 +200,57 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool, fp8: bo
     )
 
 
+def _hopper_gqa(p: DecodeProblem, device: DeviceInfo, fp8: bool) -> bool:
+    """What the Gluon sm_90 fp8 GQA stage 1 (jax_decode.kernels.gqa_hopper) computes, where
+    ``fp8``: an e4m3 cache of separate K and V with head_dim 128 (any scales), bfloat16 q,
+    one query token, at most 64 query heads per KV head, no soft-cap or window (sinks
+    are stage 2's), pages of 16, 32 or a multiple of 64 tokens, and TMA's 32-bit row
+    coordinates."""
+    return (
+        fp8
+        and device.hopper_kernels
+        and device.vendor == "nvidia"
+        and device.compute_capability == 90
+        and not p.v_from_k
+        and p.head_dim_qk == p.head_dim_v == GQA_HOPPER_HEAD_DIM
+        and p.dtype == "bfloat16"
+        and p.cache_dtype == "float8_e4m3fn"
+        and p.q_len == 1
+        and p.rows_per_kv_head <= GQA_HOPPER_MAX_ROWS
+        and p.logit_cap == 0
+        and p.window_left < 0
+        and (p.page_size in (16, 32) or p.page_size % GQA_HOPPER_TILE == 0)
+        and p.capacity > 0
+        and 0 < p.num_pages * p.page_size <= 2**31 - 1
+    )
+
+
+def gqa_hopper_program(p: DecodeProblem) -> ProgramShape:
+    """The cost model's view of one program of the Gluon fp8 GQA stage 1: a 4-warp
+    consumer and a 1-warp producer, a ring of 64-token tiles."""
+    rows = p.rows_per_kv_head
+    columns = max(8, next_power_of_2(rows))  # the MMAs' N
+    tile_bytes = GQA_HOPPER_TILE * (p.head_dim_qk + p.head_dim_v)  # (one byte an element)
+    # The ring, V^T, Q and P as two e4m3 terms each, and the barriers and reduction scratch.
+    shared = GQA_HOPPER_STAGES * tile_bytes + GQA_HOPPER_TILE * p.head_dim_v
+    shared += 2 * columns * (p.head_dim_qk + GQA_HOPPER_TILE) + 256
+    return ProgramShape(
+        threads=GQA_HOPPER_THREADS,
+        registers=GQA_HOPPER_REGISTERS,
+        shared_bytes=shared,
+        in_flight_bytes=GQA_HOPPER_STAGES * tile_bytes,
+        token_bytes=p.head_dim_qk + p.head_dim_v,
+        flops_per_token=2 * rows * (p.head_dim_qk + p.head_dim_v),
+        mma="wgmma",
+        partial_bytes=rows * (p.head_dim_v + 1) * 4,
+    )
+
+
+def hopper_gqa_splits(p: DecodeProblem, device: DeviceInfo) -> int:
+    """Fixed splits of the Gluon fp8 GQA stage 1: the cost model's hedge (:func:`choose_splits`)."""
+    return choose_splits(p, device, gqa_hopper_program(p), p.num_kv_heads, GQA_HOPPER_TILE)
+
+
 # The Gluon MLA stage 1's programs (jax_decode/kernels/mla_hopper.py, as compiled by
 # triton 3.6 for sm_90), by launch name: threads, registers and shared memory (Q and a
 # 2-stage ring of 64-token K tiles).  One program per SM, whichever runs.
@@ -329,9 +392,11 @@ def make_launch_config(
     by default: on an H100 the schedule beat every fixed split on long-tailed batches
     (3-7%) but ranged from 4% faster to 8% slower than the hedge on uniform ones, which
     this rule does not yet tell apart (docs/performance.md).
-    ``hopper_fp8``: let the Gluon MLA stage 1 (the seesaw kernels) take an e4m3 cache,
-    widened to float16 in shared memory as it lands.  Off by default: it compiles for
-    sm_90 (tested on the CPU) but has not yet run on a GPU.
+    ``hopper_fp8``: let the Gluon kernels take an e4m3 cache: the MLA stage 1 (the seesaw
+    kernels, widening it to float16 in shared memory as it lands) and the GQA stage 1
+    (:mod:`jax_decode.kernels.gqa_hopper`, e4m3 tensor-core products).  Off by default:
+    both compile for sm_90 (tested on the CPU) but have not yet run in the product on a
+    GPU.
     """
     p = problem
     check_cache_dtype_on_device(p.cache_dtype, device)
@@ -374,8 +439,11 @@ def make_launch_config(
         num_warps = 4
 
     hopper_mla = _hopper_mla(p, device, hopper_multi_token, hopper_fp8)
+    hopper_gqa = _hopper_gqa(p, device, hopper_fp8)
     programs, wave = 0, 0
-    if num_kv_splits is None and hopper_mla:
+    if num_kv_splits is None and hopper_gqa:
+        num_kv_splits = hopper_gqa_splits(p, device)
+    elif num_kv_splits is None and hopper_mla:
         num_kv_splits = hopper_mla_splits(p, device)
         if device_schedule and num_kv_splits > 1:
             programs = hopper_mla_schedule_programs(p, device)
@@ -407,6 +475,7 @@ def make_launch_config(
         num_kv_splits=num_kv_splits,
         stage2_num_warps=4 if block_dv >= 256 else 2,
         hopper_mla=hopper_mla,
+        hopper_gqa=hopper_gqa,
         schedule_programs=programs,
     )
     if wave:  # the portable stage 1 under the schedule
