@@ -36,4 +36,4 @@ PY
 JAX_PLATFORMS=cpu JAX_DECODE_REQUIRE_LOWERING=1 "$venv/bin/python" -m pytest -q \
   tests/test_cuda_lowering.py tests/test_kernels.py tests/test_torch_bridge.py tests/test_features.py \
   tests/test_write_kv.py tests/test_vmap_and_merge.py tests/test_fp8_rounding.py tests/test_head_dims.py \
-  tests/test_mla_hopper.py tests/test_schedule.py
+  tests/test_mla_hopper.py tests/test_gqa_hopper.py tests/test_schedule.py
