@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--portable-multi-token", action="store_true", help="q_len > 1 on the portable stage 1")
     parser.add_argument("--portable-schedule", action="store_true", help="let the schedule take the portable stage 1")
     parser.add_argument("--two-warpgroups", action="store_true", help="the Gluon MLA two-warpgroup kernel")
-    parser.add_argument("--hopper-fp8", action="store_true", help="fp8 MLA rows on the Gluon seesaw (hopper_fp8)")
+    parser.add_argument(
+        "--hopper-fp8", action="store_true", help="fp8 rows on the Gluon kernels (MLA seesaw, GQA stage 1: hopper_fp8)"
+    )
     parser.add_argument(
         "--schedule-programs",
         type=int,

@@ -312,9 +312,10 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
     device-side schedule of ``ops.seq_lens`` already computed (:func:`launch_schedule`),
     or None.
 
-    Where the config chooses the Gluon MLA stage 1 it runs if q and the cache are
-    TMA-addressable (row views, 16-byte aligned); otherwise the portable stage 1 takes
-    its place with the config's fixed splits.
+    Where the config chooses a Gluon stage 1 it runs if the operands it copies by TMA
+    (MLA: q and the cache; fp8 GQA: both caches) are TMA-addressable row views and its
+    pointers 16-byte aligned; otherwise the portable stage 1 takes its place with the
+    config's fixed splits.
     """
     if config.problem.batch == 0:
         return None

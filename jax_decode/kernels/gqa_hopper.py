@@ -30,10 +30,13 @@ grid ``(num_kv_heads, batch, num_kv_splits)``):
   to O^T in f32: an fp8 MMA keeps only about 13 mantissa bits of the accumulator it
   adds to.
 
-Output: exactly what ``_decode_stage1`` writes with fixed splits, so ``_decode_stage2``
-merges it (and adds sinks): ``mid_o`` f32 ``[batch, num_heads, num_kv_splits,
-head_dim]`` normalised per split, ``mid_lse`` f32 ``[batch, num_heads, num_kv_splits]``
-(natural log); a split with no valid token writes zeros and ``-inf``.
+Output: what ``_decode_stage1`` writes with fixed splits, so ``_decode_stage2`` merges
+it (and adds sinks): ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, head_dim]``
+normalised per split, ``mid_lse`` f32 ``[batch, num_heads, num_kv_splits]`` (natural
+log); a split with no valid token writes zeros and ``-inf``.  Its splits are cut in
+64-token steps (the portable kernel's in its own tile's), so where torch's launcher
+falls back to the portable stage 1 (caches TMA cannot address) the same config gives
+other bits than here; JAX's arrays always take this kernel.
 
 Safety rules as in :mod:`jax_decode.kernels.common`: ``seq_len`` clamped to
 ``[0, CAPACITY]``; page-table entries are read only for boxes holding a token before
@@ -162,6 +165,16 @@ def _split_e4m3(x):
 
 
 @gluon.jit
+def _chunk_scores(k_tile, q_hi, q_lo, s_zero, c: gl.constexpr):
+    """The products of K's and Q's 32 columns from ``32 c`` (one MMA's K) with Q's two
+    e4m3 terms, each in a fresh accumulator (asynchronous: wait on both)."""
+    k_c = k_tile.slice(32 * c, 32, dim=1)
+    hi = warpgroup_mma(k_c, q_hi.slice(32 * c, 32, dim=1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    lo = warpgroup_mma(k_c, q_lo.slice(32 * c, 32, dim=1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return hi, lo
+
+
+@gluon.jit
 def _transpose_v(v_tile, vt, valid_rows, whole):
     """V^T (tokens contiguous) from a landed V tile [64 tokens, 128], rows of invalid
     tokens zeroed (unless ``whole``).  Each thread reads 4 tokens x 16 bytes and writes
@@ -256,10 +269,19 @@ def _consumer(args, consts: gl.constexpr):
             valid = (pos < end) & _ok(page, num_pages)
         mbarrier.wait(full.index(stage), (i // NUM_STAGES) & 1)
         k_tile = k_ring.index(stage)
-        s = warpgroup_mma(k_tile, q_hi.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(k_tile, q_lo.permute((1, 0)), s, is_async=True)
-        _transpose_v(v_ring.index(stage), vt, valid, whole)  # (while the scores run)
-        s = warpgroup_mma_wait(0, deps=(s,))
+        # S^T by 32-column chunk of K and Q term, each product in a fresh accumulator
+        # (one MMA), summed in f32: an fp8 MMA keeps about 13 mantissa bits of the
+        # accumulator it adds to.  Two chunks at a time (four accumulators live: no
+        # spills at 16 columns); V^T is made while the first two run.
+        h0, l0 = _chunk_scores(k_tile, q_hi, q_lo, s_zero, 0)
+        h1, l1 = _chunk_scores(k_tile, q_hi, q_lo, s_zero, 1)
+        _transpose_v(v_ring.index(stage), vt, valid, whole)
+        h0, l0, h1, l1 = warpgroup_mma_wait(0, deps=(h0, l0, h1, l1))
+        s = (h0 + l0) + (h1 + l1)
+        h2, l2 = _chunk_scores(k_tile, q_hi, q_lo, s_zero, 2)
+        h3, l3 = _chunk_scores(k_tile, q_hi, q_lo, s_zero, 3)
+        h2, l2, h3, l3 = warpgroup_mma_wait(0, deps=(h2, l2, h3, l3))
+        s = s + ((h2 + l2) + (h3 + l3))
 
         # Online softmax down each column (a query head) over the tile's tokens.
         s = s * col_scale[None, :]
@@ -345,6 +367,7 @@ def _gqa_stage1_hopper_fp8(
     gl.static_assert(BOX == PAGE_SIZE or PAGE_SIZE % BLOCK_N == 0, "a box inside one page")
     gl.static_assert(HEAD_DIM == 128, "head_dim 128")
     gl.static_assert(NUM_HEADS // NUM_KV_HEADS <= ROWS, "ROWS holds the group")
+    gl.static_assert(ROWS <= 16, "wider MMAs spill at the register cap")
     ring_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.float8e4nv)
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, HEAD_DIM], ring_layout)
     v_ring = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, HEAD_DIM], ring_layout)
