@@ -9,9 +9,8 @@ Why: the portable fp8 kernel spends its time on work per byte, not on memory acc
 summed by the CUDA cores' instructions, and the tensor cores take V's elements in
 pairs of tokens, which in a page are a row apart, so V is read byte by byte.  Here the
 bytes go from memory to shared memory by TMA and from there into e4m3 warpgroup MMAs
-with tokens as the MMAs' rows ("swap AB": the few query heads of a KV head are the
-MMAs' N, 8 or more), so a warpgroup does little per byte and three programs share an
-SM.
+with tokens as the MMAs' rows ("swap AB": the few query heads of a KV head, up to 8,
+are the MMAs' N), so a warpgroup does little per byte and three programs share an SM.
 
 Design (one program = the query heads of one KV head x one KV split of one batch row;
 grid ``(num_kv_heads, batch, num_kv_splits)``):
@@ -66,8 +65,9 @@ Q_LARGEST = gl.constexpr(440.0)  # Q's rows are scaled by a power of two to at m
 P_SCALE = gl.constexpr(256.0)  # P in [0, 1] is scaled into e4m3's normal range
 # Registers a thread of the producer partition keeps (Triton pads its one warp to a
 # warpgroup); the consumer takes the rest of the program's budget (launched with
-# maxnreg 80: 8 warps x 80 registers let three programs share an SM's 64K).
-PRODUCER_REGISTERS = gl.constexpr(40)
+# maxnreg 80: 8 warps x 80 registers let three programs share an SM's 64K).  More for
+# the producer spills the consumer (triton 3.8: 8 bytes of stack at 40).
+PRODUCER_REGISTERS = gl.constexpr(24)
 
 
 @gluon.jit
@@ -271,8 +271,8 @@ def _consumer(args, consts: gl.constexpr):
         k_tile = k_ring.index(stage)
         # S^T by 32-column chunk of K and Q term, each product in a fresh accumulator
         # (one MMA), summed in f32: an fp8 MMA keeps about 13 mantissa bits of the
-        # accumulator it adds to.  Two chunks at a time (four accumulators live: no
-        # spills at 16 columns); V^T is made while the first two run.
+        # accumulator it adds to.  Two chunks at a time (four accumulators live); V^T is
+        # made while the first two run.
         h0, l0 = _chunk_scores(k_tile, q_hi, q_lo, s_zero, 0)
         h1, l1 = _chunk_scores(k_tile, q_hi, q_lo, s_zero, 1)
         _transpose_v(v_ring.index(stage), vt, valid, whole)
@@ -367,7 +367,7 @@ def _gqa_stage1_hopper_fp8(
     gl.static_assert(BOX == PAGE_SIZE or PAGE_SIZE % BLOCK_N == 0, "a box inside one page")
     gl.static_assert(HEAD_DIM == 128, "head_dim 128")
     gl.static_assert(NUM_HEADS // NUM_KV_HEADS <= ROWS, "ROWS holds the group")
-    gl.static_assert(ROWS <= 16, "wider MMAs spill at the register cap")
+    gl.static_assert(ROWS == 8, "8 MMA columns: wider ones spill at the register cap")
     ring_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.float8e4nv)
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, HEAD_DIM], ring_layout)
     v_ring = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, HEAD_DIM], ring_layout)

@@ -27,14 +27,14 @@ from jax_decode.launch.problem import (
 HOPPER_MLA_ROWS = 64
 HOPPER_MLA_TILE = 64
 # The Gluon fp8 GQA stage 1 (jax_decode.kernels.gqa_hopper): tokens per tile (its MMAs'
-# M), the head dim it takes, query heads per KV head at most (its MMAs' N: wider ones
-# spill at the register cap), ring stages,
+# M), the head dim it takes, query heads per KV head at most (its MMAs' N: 16 spill
+# at the register cap under triton 3.8), ring stages,
 # threads (4 consumer warps and a producer warp, which Triton pads to a warpgroup) and
 # the register cap it is built with (80 a thread lets three programs share an SM, which
 # their 60 KB of shared memory also allow).
 GQA_HOPPER_TILE = 64
 GQA_HOPPER_HEAD_DIM = 128
-GQA_HOPPER_MAX_ROWS = 16
+GQA_HOPPER_MAX_ROWS = 8
 GQA_HOPPER_STAGES = 3
 GQA_HOPPER_THREADS = 256
 GQA_HOPPER_REGISTERS = 80

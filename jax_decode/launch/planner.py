@@ -203,7 +203,7 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool, fp8: bo
 def _hopper_gqa(p: DecodeProblem, device: DeviceInfo, fp8: bool) -> bool:
     """What the Gluon sm_90 fp8 GQA stage 1 (jax_decode.kernels.gqa_hopper) computes, where
     ``fp8``: an e4m3 cache of separate K and V with head_dim 128 (any scales), bfloat16 q,
-    one query token, at most 16 query heads per KV head, no soft-cap or window (sinks
+    one query token, at most 8 query heads per KV head, no soft-cap or window (sinks
     are stage 2's), pages of 16, 32 or a multiple of 64 tokens, and TMA's 32-bit row
     coordinates."""
     return (
