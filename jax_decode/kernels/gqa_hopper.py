@@ -81,18 +81,18 @@ def _split_range(seq_lens_ptr, batch_idx, split_idx, CAPACITY: gl.constexpr, NUM
 
 
 @gluon.jit
-def _box_page(page_row_ptr, box_start, end, num_pages, PAGE_SIZE: gl.constexpr):
+def _box_page(page_row_ptr, box_start, end, PAGE_SIZE: gl.constexpr):
     """Page id of a box (read only if the box holds a token before ``end``; -1 if not)."""
     return gl.load(page_row_ptr + box_start // PAGE_SIZE, mask=box_start < end, other=-1)
 
 
 @gluon.jit
-def _tile_pages(page_row_ptr, tile_start, end, num_pages, PAGE_SIZE: gl.constexpr, BOX: gl.constexpr):
+def _tile_pages(page_row_ptr, tile_start, end, PAGE_SIZE: gl.constexpr, BOX: gl.constexpr):
     """The page ids of a tile's (up to four) boxes; -1 for boxes past ``end``."""
-    p0 = _box_page(page_row_ptr, tile_start, end, num_pages, PAGE_SIZE)
-    p1 = _box_page(page_row_ptr, tile_start + BOX, end, num_pages, PAGE_SIZE) if BLOCK_N // BOX > 1 else -1
-    p2 = _box_page(page_row_ptr, tile_start + 2 * BOX, end, num_pages, PAGE_SIZE) if BLOCK_N // BOX > 2 else -1
-    p3 = _box_page(page_row_ptr, tile_start + 3 * BOX, end, num_pages, PAGE_SIZE) if BLOCK_N // BOX > 3 else -1
+    p0 = _box_page(page_row_ptr, tile_start, end, PAGE_SIZE)
+    p1 = _box_page(page_row_ptr, tile_start + BOX, end, PAGE_SIZE) if BLOCK_N // BOX > 1 else -1
+    p2 = _box_page(page_row_ptr, tile_start + 2 * BOX, end, PAGE_SIZE) if BLOCK_N // BOX > 2 else -1
+    p3 = _box_page(page_row_ptr, tile_start + 3 * BOX, end, PAGE_SIZE) if BLOCK_N // BOX > 3 else -1
     return p0, p1, p2, p3
 
 
@@ -122,7 +122,7 @@ def _producer(args, consts: gl.constexpr):
     start, end, num_tiles = _split_range(seq_lens_ptr, batch_idx, gl.program_id(2), CAPACITY, NUM_KV_SPLITS)
     page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
     col = gl.program_id(0) * HEAD_DIM
-    p0, p1, p2, p3 = _tile_pages(page_row_ptr, start, end, num_pages, PAGE_SIZE, BOX)
+    p0, p1, p2, p3 = _tile_pages(page_row_ptr, start, end, PAGE_SIZE, BOX)
     for i in range(num_tiles):
         stage = i % NUM_STAGES
         tile_start = start + i * BLOCK_N
@@ -138,7 +138,7 @@ def _producer(args, consts: gl.constexpr):
         if BLOCK_N // BOX > 2:
             _copy_box(k_desc, v_desc, k_buf, v_buf, bar, p2, tile_start + 2 * BOX, num_pages, col, 2, PAGE_SIZE, BOX)
             _copy_box(k_desc, v_desc, k_buf, v_buf, bar, p3, tile_start + 3 * BOX, num_pages, col, 3, PAGE_SIZE, BOX)
-        p0, p1, p2, p3 = _tile_pages(page_row_ptr, tile_start + BLOCK_N, end, num_pages, PAGE_SIZE, BOX)
+        p0, p1, p2, p3 = _tile_pages(page_row_ptr, tile_start + BLOCK_N, end, PAGE_SIZE, BOX)
 
 
 @gluon.jit
@@ -254,14 +254,14 @@ def _consumer(args, consts: gl.constexpr):
     o_zero = gl.zeros([HEAD_DIM, ROWS], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=s_layout)
     offs_t = gl.arange(0, BLOCK_N, layout=tokens_of_s)
-    p0, p1, p2, p3 = _tile_pages(page_row_ptr, start, end, num_pages, PAGE_SIZE, BOX)
+    p0, p1, p2, p3 = _tile_pages(page_row_ptr, start, end, PAGE_SIZE, BOX)
     for i in range(num_tiles):
         stage = i % NUM_STAGES
         tile_start = start + i * BLOCK_N
         whole = tile_start + BLOCK_N <= end
         whole = whole & _ok(p0, num_pages) & (_ok(p1, num_pages) | (BLOCK_N // BOX < 2))
         whole = whole & ((_ok(p2, num_pages) & _ok(p3, num_pages)) | (BLOCK_N // BOX < 4))
-        p0, p1, p2, p3 = _tile_pages(page_row_ptr, tile_start + BLOCK_N, end, num_pages, PAGE_SIZE, BOX)
+        p0, p1, p2, p3 = _tile_pages(page_row_ptr, tile_start + BLOCK_N, end, PAGE_SIZE, BOX)
         valid = offs_t < BLOCK_N
         if not whole:
             pos = tile_start + offs_t
