@@ -179,7 +179,9 @@ def hopper_main() -> None:
     runs = 0
     for case, plan_options in cases:
         for variant in variants:
-            for views in (False, True):  # strided q is not TMA-addressable: the portable stand-in
+            # Views: MLA's strided q is not TMA-addressable (the portable stand-in runs); fp8
+            # GQA reads q through a pointer and the K view (slots twice as wide as its heads) by TMA.
+            for views in (False, True):
                 run_planned(case, variant, views, **plan_options)
                 runs += 1
         print(f"{case.id} {plan_options or ''}: ok", flush=True)
