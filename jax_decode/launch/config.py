@@ -519,7 +519,7 @@ class LaunchConfig:
             SM_SCALE=float(p.sm_scale),
             NUM_HEADS=p.num_heads,
             NUM_KV_HEADS=p.num_kv_heads,
-            ROWS=max(8, next_power_of_2(p.rows_per_kv_head)),
+            ROWS=GQA_HOPPER_MAX_ROWS,  # the MMAs' N: the group, padded
             PAGE_SIZE=p.page_size,
             CAPACITY=p.capacity,
             NUM_KV_SPLITS=self.num_kv_splits,

@@ -228,12 +228,11 @@ def _hopper_gqa(p: DecodeProblem, device: DeviceInfo, fp8: bool) -> bool:
 def gqa_hopper_program(p: DecodeProblem) -> ProgramShape:
     """The cost model's view of one program of the Gluon fp8 GQA stage 1: a 4-warp
     consumer and a 1-warp producer, a ring of 64-token tiles."""
-    rows = p.rows_per_kv_head
-    columns = max(8, next_power_of_2(rows))  # the MMAs' N
+    rows = p.rows_per_kv_head  # (padded to GQA_HOPPER_MAX_ROWS, the MMAs' N)
     tile_bytes = GQA_HOPPER_TILE * (p.head_dim_qk + p.head_dim_v)  # (one byte an element)
     # The ring, V^T, Q and P as two e4m3 terms each, and the barriers and reduction scratch.
     shared = GQA_HOPPER_STAGES * tile_bytes + GQA_HOPPER_TILE * p.head_dim_v
-    shared += 2 * columns * (p.head_dim_qk + GQA_HOPPER_TILE) + 256
+    shared += 2 * GQA_HOPPER_MAX_ROWS * (p.head_dim_qk + GQA_HOPPER_TILE) + 256
     return ProgramShape(
         threads=GQA_HOPPER_THREADS,
         registers=GQA_HOPPER_REGISTERS,
