@@ -157,8 +157,8 @@ class GluonLauncher:
 
 def _aligned(*tensors) -> bool:
     """Every tensor's address a multiple of 16 bytes (what TMA and the Gluon kernels' pointer
-    specialisation take for granted)."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
+    specialisation take for granted); None (an absent operand) passes."""
+    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -237,8 +237,7 @@ class DecodeRun:
         shares_memory = (self.fixed.one_pass or direct) and out_given and _may_overlap(out, ops)
         one_pass = config.one_pass and not shares_memory
         gluon = self.gluon is not None and not (direct and shares_memory)
-        aligned = gluon and _aligned(ops.q, ops.k_cache, ops.page_table, ops.seq_lens, out, lse)
-        if aligned and (ops.v_cache is None or _aligned(ops.v_cache)):
+        if gluon and _aligned(ops.q, ops.k_cache, ops.v_cache, ops.page_table, ops.seq_lens, out, lse):
             tensors = dict(q=ops.q, k_cache=ops.k_cache, v_cache=ops.v_cache)
             if self.scheduled:
                 if schedule is None:
