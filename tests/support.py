@@ -41,3 +41,22 @@ def assert_matches_oracle(problem: PagedProblem, out, lse, *, mla: bool = False,
     np.testing.assert_allclose(out, expected_out, **OUT_TOL[dtype])
     np.testing.assert_allclose(lse, expected_lse, **LSE_TOL)  # -inf rows must match exactly
     assert np.isfinite(out).all(), "no NaN or inf in any output"
+
+
+def run_isolated(path: str, name: str, *args) -> None:
+    """Run ``name(*args)`` of the test file ``path`` in a fresh Python (the repo and tests/
+    on its path): a failed run of Triton's interpreter elsewhere in the session
+    (conftest's probe, on NumPy >= 2.4) can leave ``triton.language`` patched, which
+    breaks later Gluon compiles in that process."""
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    code = f"import runpy; runpy.run_path({path!r})[{name!r}](*{args!r})"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, tests, os.environ.get("PYTHONPATH", "")]))
+    # A kernel whose barriers never complete would hang the suite: a timeout fails it instead.
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -182,20 +182,13 @@ def test_product_launch_compiles_for_sm90(heads, kv_heads, page_size, num_kv_spl
     missing = _gluon_hopper_missing()
     if missing:
         pytest.skip(missing)
-    _run_isolated_here("_check_product_compile", heads, kv_heads, page_size, num_kv_splits, scales)
+    _run_isolated("_check_product_compile", heads, kv_heads, page_size, num_kv_splits, scales)
 
 
-def _run_isolated_here(name: str, *args) -> None:
-    import os
-    import subprocess
-    import sys
+def _run_isolated(name: str, *args) -> None:
+    from support import run_isolated
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = f"import runpy; runpy.run_path({__file__!r})[{name!r}](*{args!r})"
-    path = os.pathsep.join([root, os.path.join(root, "tests"), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=dict(os.environ, PYTHONPATH=path),
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    run_isolated(__file__, name, *args)
 
 
 def _check_jax_lowering() -> None:
@@ -233,7 +226,7 @@ def test_jax_lowers_the_gqa_stage1_for_sm90():
     for missing in (_gluon_hopper_missing(), jax_triton_import_error(), jaxlib_tma_missing()):
         if missing:
             pytest.skip(missing)
-    _run_isolated_here("_check_jax_lowering")
+    _run_isolated("_check_jax_lowering")
 
 
 # ----------------------------------------------------------------------------- on the GPU

@@ -4,15 +4,11 @@ its results, merged by our stage 2, match the float64 oracle on awkward input.""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks.mla_hopper import SEESAW  # the pipeline number of the seesaw kernel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
 
 
@@ -109,15 +105,9 @@ def _check_oracle(pipeline: int, num_kv_splits: int) -> None:
 
 
 def _run_isolated(name: str, *args) -> None:
-    """Run ``name(*args)`` of this file in a fresh Python: a failed run of Triton's
-    interpreter elsewhere in the session (conftest's probe, on NumPy >= 2.4) can leave
-    ``triton.language`` patched, which breaks later Gluon compiles in that process."""
-    code = f"import runpy; runpy.run_path({__file__!r})[{name!r}](*{args!r})"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    # A kernel whose barriers never complete would hang the suite: a timeout fails it instead.
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    from support import run_isolated
+
+    run_isolated(__file__, name, *args)
 
 
 @pytest.mark.parametrize("pipeline", [0, 1, SEESAW], ids=lambda p: f"{p=}")
