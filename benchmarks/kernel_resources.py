@@ -53,6 +53,13 @@ def tools_available() -> bool:
     return all(os.path.exists(_tool(name)) for name in ("ptxas", "nvdisasm", "cuobjdump"))
 
 
+def resource_usage(cubin_path: str) -> dict[str, int]:
+    """REG, STACK (spills), LOCAL, SHARED, ... of a cubin's kernel, as the bundled
+    ``cuobjdump --dump-resource-usage`` reports them (spills show there, not in the PTX)."""
+    usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin_path], capture_output=True, text=True)
+    return {name: int(value) for name, value in re.findall(r"([A-Z]+):(\d+)", usage.stdout)}
+
+
 def _stage1_source(config):
     """The ASTSource of the launch's stage-1 kernel: pointer types, runtime ints, constexprs."""
     launch = config.stage1(config.contiguous_strides())
@@ -113,10 +120,9 @@ def config_resources(config: LaunchConfig) -> dict:
         cubin = os.path.join(tmp, "stage1.cubin")
         with open(cubin, "wb") as f:
             f.write(compiled.asm["cubin"])
-        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True, text=True)
+        usage = resource_usage(cubin)
         sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
-    registers = int(re.search(r"REG:(\d+)", usage.stdout).group(1))
-    spilled = int(re.search(r"STACK:(\d+)", usage.stdout).group(1))
+    registers, spilled = usage["REG"], usage["STACK"]
     shared = compiled.metadata.shared
     threads = 32 * launch.num_warps
     loop = _main_loop(sass)

@@ -153,22 +153,16 @@ def _check_product_compile(heads: int, kv_heads: int, page_size: int, num_kv_spl
 
 
 def _resource_usage(cubin: bytes) -> dict[str, int]:
-    """REG, STACK, LOCAL, ... of a cubin's kernel, as ``cuobjdump --dump-resource-usage``
-    (the one Triton bundles) reports them: spills show there, not in the PTX."""
     import os
-    import re
-    import subprocess
     import tempfile
 
-    import triton
+    from benchmarks.kernel_resources import resource_usage
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        done = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True)
-    text = done.stdout
-    return {name: int(value) for name, value in re.findall(r"([A-Z]+):(\d+)", text)}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "stage1.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return resource_usage(path)
 
 
 @pytest.mark.parametrize(
