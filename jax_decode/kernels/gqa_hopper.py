@@ -71,13 +71,17 @@ PRODUCER_REGISTERS = gl.constexpr(24)
 
 
 @gluon.jit
-def _split_range(seq_lens_ptr, batch_idx, split_idx, CAPACITY: gl.constexpr, NUM_KV_SPLITS: gl.constexpr):
-    """[start, end) of this program's split (whole 64-token tiles) and its tile count."""
+def _program_split(page_table_ptr, seq_lens_ptr, STRIDE_PTB: gl.constexpr, CAPACITY: gl.constexpr,
+                   NUM_KV_SPLITS: gl.constexpr):  # fmt: skip
+    """This program's batch row (int64), the [start, end) of its split (whole 64-token
+    tiles), the split's tile count and the row's page-table entries."""
+    batch_idx = gl.program_id(1).to(gl.int64)
     seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
     per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
-    start = split_idx * per_split
+    start = gl.program_id(2) * per_split
     end = gl.minimum(start + per_split, seq_len)
-    return start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    return batch_idx, start, end, num_tiles, page_table_ptr + batch_idx * STRIDE_PTB
 
 
 @gluon.jit
@@ -118,9 +122,8 @@ def _producer(args, consts: gl.constexpr):
     NUM_STAGES: gl.constexpr = consts[16]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
-    batch_idx = gl.program_id(1).to(gl.int64)
-    start, end, num_tiles = _split_range(seq_lens_ptr, batch_idx, gl.program_id(2), CAPACITY, NUM_KV_SPLITS)
-    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+    _, start, end, num_tiles, page_row_ptr = _program_split(page_table_ptr, seq_lens_ptr, STRIDE_PTB, CAPACITY,
+                                                            NUM_KV_SPLITS)  # fmt: skip
     col = gl.program_id(0) * HEAD_DIM
     p0, p1, p2, p3 = _tile_pages(page_row_ptr, start, end, PAGE_SIZE, BOX)
     for i in range(num_tiles):
@@ -217,10 +220,9 @@ def _consumer(args, consts: gl.constexpr):
     ROWS: gl.constexpr = q_hi.shape[0]
 
     kv_head = gl.program_id(0)
-    batch_idx = gl.program_id(1).to(gl.int64)
     split_idx = gl.program_id(2)
-    start, end, num_tiles = _split_range(seq_lens_ptr, batch_idx, split_idx, CAPACITY, NUM_KV_SPLITS)
-    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+    batch_idx, start, end, num_tiles, page_row_ptr = _program_split(page_table_ptr, seq_lens_ptr, STRIDE_PTB,
+                                                                    CAPACITY, NUM_KV_SPLITS)  # fmt: skip
 
     # S^T [64 tokens, ROWS] and O^T [HEAD_DIM, ROWS]: warpgroup-MMA accumulators.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
