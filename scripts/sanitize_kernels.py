@@ -20,7 +20,7 @@ pages at 16 and 128 heads, fixed splits, one pass, the device-side schedule and
 (token, head) rows, an e4m3 latent with scales, and fp8 GQA (``hopper_fp8``) -- with
 the same adversarial inputs.  Its barriers are placed by
 hand, so run it under racecheck and synccheck too (``TOOL=racecheck
-scripts/sanitize.sh --hopper``).
+scripts/sanitize.sh --hopper``); ``--hopper --fp8`` runs the fp8 kernels only.
 """
 
 from __future__ import annotations
@@ -175,6 +175,8 @@ def hopper_main() -> None:
     for changes in (dict(num_kv_splits=None), dict(num_kv_splits=1), dict(num_kv_splits=3, page_size=64, max_pages=3),
                     dict(num_heads=8, num_kv_heads=1, num_kv_splits=2)):  # fmt: skip
         cases.append((dataclasses.replace(gqa, **changes), dict(hopper_fp8=True)))
+    if "--fp8" in sys.argv:  # the fp8 Gluon kernels only
+        cases = [(case, options) for case, options in cases if options.get("hopper_fp8")]
     variants = ["valid", "bad_page_ids", "bad_lengths", "narrow_page_table", "nan_inf"]
     runs = 0
     for case, plan_options in cases:

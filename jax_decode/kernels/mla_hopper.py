@@ -1156,9 +1156,13 @@ def _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, 
                    _as_dtype(q_r, gl.float16, [1, BLOCK_H, 256], half_layout),
                    _as_dtype(q_e, gl.float16, [1, BLOCK_H, 64], rope_layout))  # fmt: skip
         # Each K stage's part as two fp8 buffers of its size: index 2 s + 1 is its upper half.
-        land = (_as_dtype(k_l, gl.float8e4nv, [4, BLOCK_N, 256], k_desc.layout),
-                _as_dtype(k_r, gl.float8e4nv, [4, BLOCK_N, 256], k_desc.layout),
-                _as_dtype(k_e, gl.float8e4nv, [4, BLOCK_N, 64], kr_desc.layout))  # fmt: skip
+        # The cache descriptors' layouts bound as constexprs: Triton 3.6 hands a
+        # descriptor's layout attribute over as a plain object, which it cannot pass on.
+        fp8_half_layout: gl.constexpr = k_desc.layout
+        fp8_rope_layout: gl.constexpr = kr_desc.layout
+        land = (_as_dtype(k_l, gl.float8e4nv, [4, BLOCK_N, 256], fp8_half_layout),
+                _as_dtype(k_r, gl.float8e4nv, [4, BLOCK_N, 256], fp8_half_layout),
+                _as_dtype(k_e, gl.float8e4nv, [4, BLOCK_N, 64], fp8_rope_layout))  # fmt: skip
         q_ready = _barrier(2)  # both warpgroups' share of Q rewritten
     else:
         q_views = (q_l, q_r, q_e)
