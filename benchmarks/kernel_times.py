@@ -1,7 +1,7 @@
 """Where one ``torch_bridge.decode_attention`` call's device time goes: each kernel's
 mean time (torch.profiler's CUDA activity) on benchmark rows.
 
-    python -m benchmarks.kernel_times --rows "DeepSeek-V3 DP b64 ctx4096" [--splits 1 | --fixed-splits]
+    python -m benchmarks.kernel_times --rows "DeepSeek-V3 DP b64 ctx4096" [--splits 1 2 4 | --fixed-splits]
 
 A call launches two or three kernels (stage 1 and stage 2; under the device-side
 schedule, the schedule, stage 1 and the merge); the table says
@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="+", required=True, help="rows whose label contains one of these")
     parser.add_argument("--exclude", nargs="*", default=[], help="skip rows whose label contains one of these")
-    parser.add_argument("--splits", type=int, default=None, help="fixed num_kv_splits (default: planned)")
+    parser.add_argument(
+        "--splits", type=int, nargs="+", default=[None], help="fixed num_kv_splits, one run each (default: planned)"
+    )
     parser.add_argument("--fixed-splits", action="store_true", help="no device-side schedule (fixed splits)")
     parser.add_argument("--portable-multi-token", action="store_true", help="q_len > 1 on the portable stage 1")
     parser.add_argument("--portable-schedule", action="store_true", help="let the schedule take the portable stage 1")
@@ -116,11 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.hopper_fp8:
             options["hopper_fp8"] = True
-        for programs in args.schedule_programs:
-            times = kernel_times(row, args.calls, args.splits, not args.two_warpgroups, programs, **options)
-            parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
-            label = row.label if programs is None else f"{row.label} ({programs} programs)"
-            print(f"{label}: {sum(times.values()):.1f} us = {parts}", flush=True)
+        for splits in args.splits:
+            for programs in args.schedule_programs:
+                times = kernel_times(row, args.calls, splits, not args.two_warpgroups, programs, **options)
+                parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
+                label = row.label + ("" if splits is None else f" ({splits} splits)")
+                label += "" if programs is None else f" ({programs} programs)"
+                print(f"{label}: {sum(times.values()):.1f} us = {parts}", flush=True)
     return 0
 
 
