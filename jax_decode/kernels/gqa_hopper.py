@@ -161,10 +161,18 @@ def _load_q(q_ptr, q_base, STRIDE_QH, G: gl.constexpr, ROWS: gl.constexpr, HEAD_
 
 @gluon.jit
 def _split_e4m3(x):
-    """(hi, lo), both e4m3, with hi + lo = x to 8 significant bits (x within e4m3's range)."""
-    hi = x.to(gl.float8e4nv)
-    lo = (x - hi.to(gl.float32)).to(gl.float8e4nv)
-    return hi, lo
+    """(hi, lo), both e4m3, with hi + lo = x to 8 significant bits (|x| < 496).
+
+    hi is x rounded to e4m3's grid (4 significant bits, at most 2**-9 apart) by f32
+    arithmetic -- the same value as ``x.to(float8e4nv)`` -- so that lo = x - hi needs no
+    e4m3 -> f16 conversion: ptxas 12.8 and 12.9 (Triton 3.6's and 3.9's) miscompile the
+    unpacks of packed e4m3 pairs here, reading another register (seen on an H100 as
+    wrong lo terms; ptxas 13.0 compiles the same PTX correctly)."""
+    biased = gl.maximum((x.to(gl.int32, bitcast=True) >> 23) & 0xFF, 121)  # exponent, >= e4m3's smallest normal
+    grid = ((biased - 3) << 23).to(gl.float32, bitcast=True)  # 2**(exponent - 3)
+    inverse = ((257 - biased) << 23).to(gl.float32, bitcast=True)
+    hi = ((x * inverse + 12582912.0) - 12582912.0) * grid  # (1.5 * 2**23: round to the nearest even integer)
+    return hi.to(gl.float8e4nv), (x - hi).to(gl.float8e4nv)
 
 
 @gluon.jit
