@@ -57,7 +57,7 @@ def test_planner_chooses_the_gqa_kernel_only_for_what_it_computes():
         config = _plan(problem)
         assert config.hopper_gqa and not config.hopper_mla, problem
         assert not config.one_pass and not config.schedule_programs  # it writes partials, fixed splits
-        assert not _plan(problem, hopper_fp8=False).hopper_gqa  # opt-in while it has not run on a GPU
+        assert not _plan(problem, hopper_fp8=False).hopper_gqa  # opt-in (docs/performance.md, fp8)
         assert not _plan(problem, hopper_kernels=False).hopper_gqa
         assert not _plan(problem, compute_capability=100).hopper_gqa  # (sm_90 only)
     for unsupported in (

@@ -394,8 +394,8 @@ def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
         dict(v_from_k=False),
     ):
         assert not _plan(_mla(**changes)).hopper_mla, changes
-    # An e4m3 latent (with or without scales) only where asked for (hopper_fp8: not yet
-    # run on a GPU); e5m2 and a bfloat16 cache with scales never.
+    # An e4m3 latent (with or without scales) only where asked for (hopper_fp8, opt-in);
+    # e5m2 and a bfloat16 cache with scales never.
     from jax_decode.launch.problem import SCALE_NONE, SCALE_PER_KV_HEAD, SCALE_PER_TENSOR
 
     for scale in (SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_KV_HEAD):

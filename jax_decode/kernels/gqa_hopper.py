@@ -161,7 +161,9 @@ def _load_q(q_ptr, q_base, STRIDE_QH, G: gl.constexpr, ROWS: gl.constexpr, HEAD_
 
 @gluon.jit
 def _split_e4m3(x):
-    """(hi, lo), both e4m3, with hi + lo = x to 8 significant bits (|x| < 496).
+    """(hi, lo), both e4m3, with hi + lo = x to 8 significant bits, for |x| <= 464 (above,
+    hi would round to 480, past e4m3's 448; the callers' Q is at most Q_LARGEST, P * P_SCALE
+    at most 256).
 
     hi is x rounded to e4m3's grid (4 significant bits, at most 2**-9 apart) by f32
     arithmetic -- the same value as ``x.to(float8e4nv)`` -- so that lo = x - hi needs no
