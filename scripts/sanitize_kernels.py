@@ -38,7 +38,7 @@ from cases import FEATURES, MATRIX, Case  # noqa: E402
 from torch_support import to_tensor  # noqa: E402
 
 import torch_bridge  # noqa: E402
-from jax_decode.reference import FP8_MMA_LSE_TOLERANCE, decode_attention_reference  # noqa: E402
+from jax_decode.reference import FP8_MMA_LSE_TOLERANCE, LSE_TOLERANCE, decode_attention_reference  # noqa: E402
 
 # On a machine without a GPU the same script runs the kernels in Triton's interpreter
 # (no sanitizer then; useful to check the script itself).
@@ -106,7 +106,7 @@ def run_case(case: Case, variant: str, views: bool) -> None:
         lse, expected_lse = lse[rows], expected_lse[rows]
     tol = OUT_TOL[problem.q.dtype.name]
     np.testing.assert_allclose(got, expected, atol=tol, rtol=tol)
-    np.testing.assert_allclose(lse.cpu().numpy(), expected_lse, atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(lse.cpu().numpy(), expected_lse, **LSE_TOLERANCE)
 
 
 def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 0, **plan_options) -> None:
@@ -144,7 +144,7 @@ def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 
     tol = OUT_TOL[problem.q.dtype.name]
     np.testing.assert_allclose(got, expected, atol=tol, rtol=tol)
     # (The fp8 GQA stage 1 adds its scores on e4m3 tensor cores.)
-    lse_tol = FP8_MMA_LSE_TOLERANCE if config.hopper_gqa else dict(atol=1e-4, rtol=1e-5)
+    lse_tol = FP8_MMA_LSE_TOLERANCE if config.hopper_gqa else LSE_TOLERANCE
     np.testing.assert_allclose(lse, expected_lse, **lse_tol)
 
 
