@@ -49,6 +49,65 @@ def test_key_refines_tritons_specialisation(cuda_backend_type):
     assert launch_key(0, (f32, 8)) != launch_key(0, (f32[1:], 8)) != launch_key(1, (f32[1:], 8))
 
 
+class _OnDevice(torch.Tensor):
+    """A CPU tensor that reports CUDA device 0, so a launcher takes its compiled path."""
+
+    def get_device(self):
+        return 0
+
+
+def test_pinned_launcher_reuses_the_aligned_launch_only_when_every_tensor_is_aligned(monkeypatch):
+    """A pinned StageLauncher (a DecodeRun's: dtypes and ints fixed) skips the key for a
+    call whose tensors are all 16-byte aligned, reusing the aligned call's launcher; a
+    call with one misaligned tensor takes the keyed path and its own compilation."""
+    from torch_bridge import launcher as launcher_module
+
+    compiled_for, launched = [], []
+
+    class Compiled:
+        def __init__(self, key):
+            self.key = key
+
+        def __getitem__(self, grid):
+            return lambda *args: launched.append((self.key, args[:3]))
+
+    class Kernel:
+        arg_names = ["a", "b", "n", "BLOCK"]
+
+        def __getitem__(self, grid):
+            def compile_and_launch(*args, **options):
+                key = launcher_module.launch_key(0, args)
+                compiled_for.append(key)
+                launched.append((key, args))
+                return Compiled(key)
+
+            return compile_and_launch
+
+    monkeypatch.setitem(launcher_module.KERNELS, "fake", Kernel())
+    launch = type("Launch", (), dict(kernel_name="fake", grid=(1, 1, 1), num_warps=4, num_stages=1,
+                                     meta=lambda self: {"BLOCK": 16}))()  # fmt: skip
+    stage = launcher_module.StageLauncher(launch, pinned=True)
+
+    def tensor(offset=0):
+        return torch.zeros(64)[offset:].as_subclass(_OnDevice)
+
+    a, b, shifted = tensor(), tensor(), tensor(1)
+    stage((a, b, 7))
+    stage((tensor(), tensor(), 7))
+    assert len(compiled_for) == 1 and len(launched) == 2
+    stage((a, shifted, 7))  # misaligned: Triton specialises anew
+    assert len(compiled_for) == 2 and launched[-1][0] == compiled_for[1]
+    stage((a, b, 7))  # aligned again: the aligned launcher, no compilation
+    assert len(compiled_for) == 2 and launched[-1][0] == compiled_for[0]
+    stage((shifted, b, 7))  # the other tensor misaligned
+    assert len(compiled_for) == 3
+    # Unpinned, every call builds the key (and still reuses launchers by it).
+    unpinned = launcher_module.StageLauncher(launch)
+    unpinned((a, b, 7))
+    unpinned((a, b, 7))
+    assert unpinned._aligned_runner is None and len(compiled_for) == 4
+
+
 gpu = pytest.mark.gpu
 
 

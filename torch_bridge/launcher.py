@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 
 import torch
 
@@ -55,11 +56,25 @@ def _runners_take_every_argument() -> bool:
     return tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 4)
 
 
-class StageLauncher:
-    """One kernel launch on torch tensors, with its compiled launchers cached."""
+_DATA_PTR = torch.Tensor.data_ptr
 
-    def __init__(self, launch: KernelLaunch):
+
+class StageLauncher:
+    """One kernel launch on torch tensors, with its compiled launchers cached.
+
+    ``pinned``: every call passes the same argument types, dtypes and non-tensor values
+    (on one device) and only the tensors' addresses vary -- as in a :class:`DecodeRun`,
+    whose config, device and strides fix the rest.  Then Triton's specialisation
+    varies only with the addresses' alignment, and a call whose tensors are all 16-byte
+    aligned (the usual case) reuses the aligned call's launcher after one test of the
+    addresses, without building a key.
+    """
+
+    def __init__(self, launch: KernelLaunch, pinned: bool = False):
         self.launch = launch
+        self.pinned = pinned
+        self._aligned_runner = None
+        self._tensor_args = None  # (pinned) the tensor arguments of a call, by position
         self.kernel = KERNELS[launch.kernel_name]
         meta = launch.meta()
         self.options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages, **meta)
@@ -77,6 +92,10 @@ class StageLauncher:
         if device_index < 0:
             run_interpreted(self.launch, args)
             return
+        aligned = self._aligned_runner
+        if aligned is not None and not functools.reduce(operator.or_, map(_DATA_PTR, self._tensor_args(args))) & 15:
+            aligned(*args, *self.constexpr_values)
+            return
         key = launch_key(device_index, args)
         runner = self.runners.get(key)
         if runner is not None:
@@ -86,7 +105,10 @@ class StageLauncher:
         if _runners_take_every_argument() and hasattr(compiled, "__getitem__"):  # a CompiledKernel
             if len(self.runners) >= MAX_RUNNERS:  # (ints that change per call would grow it)
                 self.runners.clear()
-            self.runners[key] = compiled[self.launch.grid]
+            runner = self.runners[key] = compiled[self.launch.grid]
+            positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            if self.pinned and len(positions) > 1 and all(args[i].data_ptr() % 16 == 0 for i in positions):
+                self._tensor_args, self._aligned_runner = operator.itemgetter(*positions), runner
 
 
 def kernel_strides(ops: operands.DecodeOperands, problem, mid_o, mid_lse, out, lse, mid=None) -> KernelStrides:
@@ -187,6 +209,15 @@ def scratch(config: LaunchConfig, like: torch.Tensor) -> tuple[torch.Tensor, tor
     return buffer.as_strided(*mid_o), buffer.as_strided(*mid_lse)
 
 
+def _launch_scratch(layout: tuple, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`scratch` of a :func:`_scratch_layout` for a launch, a view cheaper: the
+    kernels address mid_o by the config's strides from its base address, so the flat
+    buffer itself stands for it; mid_lse (at an offset) is the one view made."""
+    size, _, mid_lse = layout
+    buffer = like.new_empty((size,), dtype=torch.float32)
+    return buffer, buffer.as_strided(*mid_lse)
+
+
 class DecodeRun:
     """The launches of one (config, operand strides): the portable stages, and where the
     config chooses them and the operands allow their TMA copies, the Gluon stage 1 (MLA
@@ -197,21 +228,22 @@ class DecodeRun:
         # The fixed-split config: what runs where the Gluon kernel cannot.
         self.fixed = dataclasses.replace(config, schedule_programs=0) if config.schedule_programs else config
         self.strides = strides
-        self.stage1 = StageLauncher(self.fixed.stage1(strides))
-        self.stage2 = StageLauncher(self.fixed.stage2(strides))
+        self._fixed_scratch, self._scheduled_scratch = _scratch_layout(self.fixed), _scratch_layout(config)
+        self.stage1 = StageLauncher(self.fixed.stage1(strides), pinned=True)
+        self.stage2 = StageLauncher(self.fixed.stage2(strides), pinned=True)
         self._stage1_partials = None
         self.gluon = self.merge = self.scheduled_stage1 = None
         if (config.hopper_mla or config.hopper_gqa) and device_index >= 0 and config.tma_ready(strides):
             self.gluon = GluonLauncher(config.hopper_stage1(strides), device_index)
         if config.portable_scheduled:
-            self.scheduled_stage1 = StageLauncher(config.stage1(strides))
+            self.scheduled_stage1 = StageLauncher(config.stage1(strides), pinned=True)
         # Whether the launches take a device-side schedule (the fixed splits stand in
         # where no scheduled stage 1 runs).
         self.scheduled = bool(config.schedule_programs) and (
             self.gluon is not None or self.scheduled_stage1 is not None
         )
         if self.scheduled:
-            self.merge = StageLauncher(config.schedule_merge(strides))
+            self.merge = StageLauncher(config.schedule_merge(strides), pinned=True)
         # The seesaw's scheduled stage 1 writes the rows of one chunk to out itself.
         self.direct = self.gluon is not None and self.scheduled and config.hopper_seesaw
 
@@ -226,7 +258,7 @@ class DecodeRun:
         if self.scheduled_stage1 is not None:  # (stage 1 writes partials only: out may overlap anything)
             if schedule is None:
                 schedule = launch_schedule(config, ops)
-            mid_o, mid_lse = scratch(config, out)
+            mid_o, mid_lse = _launch_scratch(self._scheduled_scratch, out)
             self.scheduled_stage1((*operands.stage1_inputs(ops, p, schedule), mid_o, mid_lse))
             self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, out, lse), out, lse))
             return
@@ -242,7 +274,7 @@ class DecodeRun:
             if self.scheduled:
                 if schedule is None:
                     schedule = launch_schedule(config, ops)
-                mid_o, mid_lse = scratch(config, out)
+                mid_o, mid_lse = _launch_scratch(self._scheduled_scratch, out)
                 written = (out, lse) if direct else ()
                 self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule), mid_o, mid_lse, *written))
                 self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, out, lse), out, lse))
@@ -252,7 +284,7 @@ class DecodeRun:
                 return
             if not config.one_pass:  # (the one-pass launch cannot write partial results)
                 if mid_o is None:
-                    mid_o, mid_lse = scratch(self.fixed, out)
+                    mid_o, mid_lse = _launch_scratch(self._fixed_scratch, out)
                 if _aligned(mid_o, mid_lse):
                     self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), mid_o, mid_lse))
                     self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
@@ -263,10 +295,10 @@ class DecodeRun:
         stage1 = self.stage1
         if shares_memory and self.fixed.one_pass:  # one split, but out shares memory with an input
             if self._stage1_partials is None:
-                self._stage1_partials = StageLauncher(self.fixed.stage1(self.strides, partials=True))
+                self._stage1_partials = StageLauncher(self.fixed.stage1(self.strides, partials=True), pinned=True)
             stage1 = self._stage1_partials
         if mid_o is None:
-            mid_o, mid_lse = scratch(self.fixed, out)
+            mid_o, mid_lse = _launch_scratch(self._fixed_scratch, out)
         stage1((*operands.stage1_inputs(ops, p), mid_o, mid_lse))
         self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
 

@@ -366,9 +366,11 @@ def _run_decode_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logi
         given = _fwd_operands(q, k_buffer, v_buffer, req_to_token, b_seq_len, *_scale_arrays(q, k_scale, v_scale),
                               config.problem.v_from_k)  # fmt: skip
         ops = kernel_operands(given, config.problem, TORCH)
-    dv = config.problem.head_dim_v
+    # Stage 1's partial outputs are attn_logits[..., :dv] and its LSEs attn_logits[..., dv].
+    # The kernels address the former by its base and strides alone, which are
+    # attn_logits' own: it is passed whole, saving a view per call.
     lse = _lse_sink(q, config.problem.lse_shape)
-    _launch(key, accepted, config, ops, attn_logits[..., :dv], attn_logits[..., dv], o, lse, True)
+    _launch(key, accepted, config, ops, attn_logits, attn_logits.select(-1, config.problem.head_dim_v), o, lse, True)
 
 
 def _prepare_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size,
