@@ -9,7 +9,10 @@ the next one's query, as layers chain), and a trivial jitted op for reference; t
 launch through the Triton custom call ``JAX_DECODE_TRITON_CALL`` chooses (``typed``,
 the default, or ``legacy``: jax_decode/backends/typed_ffi.py), so two runs compare them.
 
-    python -m benchmarks.host_overhead [--profile] [--jax]
+    python -m benchmarks.host_overhead [--profile] [--jax] [--launch-routes]
+
+``--launch-routes`` times torch_bridge's launches through Triton's C launcher directly
+(torch_bridge.launcher.direct_runner) and through Triton's own runner, alternately.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def entry_points() -> tuple[dict, object, torch.Tensor]:
         ),
         "torch_bridge.decode_attention": lambda: torch_bridge.decode_attention(
             q, k, v, pt, sl, sm_scale=SM_SCALE, num_kv_splits=SPLITS, out=o
+        ),
+        "torch_bridge.decode_attention, 1 split": lambda: torch_bridge.decode_attention(
+            q, k, v, pt, sl, sm_scale=SM_SCALE, num_kv_splits=1, out=o
         ),
     }
     try:
@@ -117,16 +123,42 @@ def jax_per_call_us(fn, calls_made: int) -> float:
     return statistics.median(rounds)
 
 
-def main() -> None:
-    calls, problem, o = entry_points()
-    expected, _ = decode_attention_reference(*problem.arrays, sm_scale=SM_SCALE)
+def fresh_launchers(direct: bool) -> None:
+    """Forget torch_bridge's cached launches, which later ones make anew, through
+    Triton's C launcher directly (``direct``) or through Triton's own runner."""
+    from torch_bridge import launcher, ops
+
+    launcher.DIRECT_LAUNCH = direct
+    launcher._DECODE_LAUNCHERS.clear()
+    launcher._schedule_launcher.cache_clear()
+    ops._ACCEPTED.clear()
+
+
+def time_torch(calls: dict, o, expected, label: str = "") -> None:
     for name, fn in calls.items():
         o.zero_()
         fn()
         excess = tolerance_excess(o.float().cpu().numpy(), expected, "bfloat16")
         if not excess <= 0:
             raise SystemExit(f"{name} is wrong (by {excess:.3g} beyond the tolerance); not timed")
-        print(f"{name:<36} {per_call_us(fn):7.1f} us per call", flush=True)
+        print(f"{name + label:<48} {per_call_us(fn):7.1f} us per call", flush=True)
+
+
+def main() -> None:
+    calls, problem, o = entry_points()
+    expected, _ = decode_attention_reference(*problem.arrays, sm_scale=SM_SCALE)
+    if "--launch-routes" in sys.argv:  # torch_bridge's two launch routes, alternating, one process
+        from torch_bridge.launcher import DIRECT_LAUNCH_TRITON, direct_launch_here
+
+        if not direct_launch_here():
+            raise SystemExit(f"--launch-routes: this Triton launches through its own runner only "
+                             f"(direct launches: Triton {', '.join(DIRECT_LAUNCH_TRITON)})")  # fmt: skip
+        for direct in (True, False, True, False):
+            fresh_launchers(direct)
+            time_torch(calls, o, expected, " (direct)" if direct else " (Triton's runner)")
+        fresh_launchers(True)
+    else:
+        time_torch(calls, o, expected)
     if "--jax" in sys.argv:
         from jax_decode.backends import typed_ffi
 

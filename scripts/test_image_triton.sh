@@ -22,3 +22,8 @@ PY
 JAX_PLATFORMS=cpu JAX_DECODE_REQUIRE_LOWERING=1 python -m pytest -q \
   tests/test_cuda_lowering.py tests/test_mla_hopper.py tests/test_gqa_hopper.py tests/test_head_dims.py \
   -k "compile or lower or sm90 or sm_90"
+# torch_bridge's direct launches pass that Triton's C launcher what its own runner does.
+# (Run, not skipped: that Triton is one direct_runner knows.)
+direct=$(python -m pytest -q -rs tests/test_launcher_cache.py -k direct_runner) || { echo "$direct"; exit 1; }
+echo "$direct"
+grep -q "1 passed" <<< "$direct"

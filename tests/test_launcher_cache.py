@@ -108,6 +108,65 @@ def test_pinned_launcher_reuses_the_aligned_launch_only_when_every_tensor_is_ali
     assert unpinned._aligned_runner is None and len(compiled_for) == 4
 
 
+def test_direct_runner_passes_what_tritons_runner_passes(monkeypatch):
+    """On the Triton versions direct_runner calls the C launcher for, it passes the C
+    launcher what Triton's own runner passes, less the launch metadata and the (idle)
+    hooks; with a launch hook installed, Triton's runner takes the call.  (CI runs this
+    under the GPU image's Triton: scripts/test_image_triton.sh.)"""
+    import triton
+    from triton import knobs
+    from triton.backends.nvidia.driver import CudaLauncher
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.driver import driver
+
+    from torch_bridge import launcher as launcher_module
+
+    if ".".join(triton.__version__.split(".")[:2]) not in launcher_module.DIRECT_LAUNCH_TRITON:
+        pytest.skip(f"triton {triton.__version__} launches through its own runner here")
+    launched = []
+    run = object.__new__(CudaLauncher)  # a launcher of a kernel without scratch, recording its C call
+    attributes = dict(num_ctas=1, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                      profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=True)  # fmt: skip
+    for name, value in attributes.items():
+        setattr(run, name, value)
+    run.launch = lambda *args: launched.append(args)
+    compiled = object.__new__(CompiledKernel)  # loaded already (no GPU here)
+    for name, value in dict(module="loaded", function=1234, packed_metadata=(4, 1, 0), name="k", src=None,
+                            _run=run).items():  # fmt: skip
+        setattr(compiled, name, value)
+    fake_driver = type("Driver", (), dict(get_current_device=lambda self: 3, get_current_stream=lambda self, d: 77 + d))
+    monkeypatch.setattr(driver, "_active", fake_driver())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77 + device, raising=False)
+    grid, args = (5, 2, 1), (torch.zeros(4), 16, 0.5)
+
+    compiled[grid](*args)
+    launcher_module.direct_runner(compiled, grid)(*args)
+    tritons, direct = launched
+    hooks = slice(10, 13)  # launch metadata, enter hook, exit hook
+    assert direct[hooks] == (None, None, None) and tritons[hooks] != direct[hooks]
+    assert direct[: hooks.start] == tritons[: hooks.start] == (5, 2, 1, 80, 1234, False, True, None, None, (4, 1, 0))
+    assert direct[hooks.stop :] == tritons[hooks.stop :] == args
+    # A profiler's hook installed (either hook, or a hook that is not Triton's hook
+    # chain): the call goes through Triton's runner, which passes it on.
+    direct_run = launcher_module.direct_runner(compiled, grid)
+    for name in ("launch_enter_hook", "launch_exit_hook"):
+        chain = getattr(knobs.runtime, name)
+        chain.add(print)
+        try:
+            direct_run(*args)
+        finally:
+            chain.remove(print)
+        assert launched[-1][11 if name == "launch_enter_hook" else 12] is chain, name  # (direct passes None)
+        for hook in (print, None):
+            monkeypatch.setattr(knobs.runtime, name, hook)
+            direct_run(*args)
+            assert launched[-1][11 if name == "launch_enter_hook" else 12] is hook, (name, hook)
+            monkeypatch.setattr(knobs.runtime, name, chain)
+    direct_run(*args)
+    assert launched[-1] == direct
+
+
 gpu = pytest.mark.gpu
 
 

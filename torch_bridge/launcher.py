@@ -56,6 +56,53 @@ def _runners_take_every_argument() -> bool:
     return tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 4)
 
 
+# Triton versions whose compiled-kernel launch internals direct_runner was checked
+# against on a GPU (the C launcher's argument order, scratch and hook handling).
+DIRECT_LAUNCH_TRITON = ("3.6",)
+DIRECT_LAUNCH = True  # (a switch for benchmarks comparing the two routes)
+
+
+def direct_launch_here() -> bool:
+    """Whether :func:`direct_runner` may call the installed Triton's C launcher."""
+    import triton
+
+    return DIRECT_LAUNCH and ".".join(triton.__version__.split(".")[:2]) in DIRECT_LAUNCH_TRITON
+
+
+def direct_runner(compiled, grid: tuple):
+    """``compiled[grid]`` -- a launcher taking every argument -- minus the per-call
+    Python Triton's own runner spends where it has nothing to do: on the Triton
+    versions in DIRECT_LAUNCH_TRITON, for a kernel without global or profile scratch,
+    it calls the C launcher directly, with no launch metadata and no hooks, unless a
+    launch hook (a profiler's) is installed -- or the hooks are anything but Triton's
+    empty hook chains -- when Triton's runner takes the call.
+    Elsewhere it is ``compiled[grid]``."""
+    runner = compiled[grid]
+    if not direct_launch_here():
+        return runner
+    from triton import knobs
+
+    run = compiled.run
+    launch = getattr(run, "launch", None)
+    if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return runner
+    hooks, idle = knobs.runtime, knobs.HookChain
+    function, metadata = compiled.function, compiled.packed_metadata
+    cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+    grid_x, grid_y, grid_z = grid
+    current_device, current_stream = torch.cuda.current_device, torch._C._cuda_getCurrentRawStream
+
+    def direct(*args):
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        if type(enter) is not idle or enter.calls or type(leave) is not idle or leave.calls:
+            runner(*args)
+            return
+        launch(grid_x, grid_y, grid_z, current_stream(current_device()), function, cooperative, pdl, None, None,
+               metadata, None, None, None, *args)  # fmt: skip
+
+    return direct
+
+
 _DATA_PTR = torch.Tensor.data_ptr
 
 
@@ -105,7 +152,7 @@ class StageLauncher:
         if _runners_take_every_argument() and hasattr(compiled, "__getitem__"):  # a CompiledKernel
             if len(self.runners) >= MAX_RUNNERS:  # (ints that change per call would grow it)
                 self.runners.clear()
-            runner = self.runners[key] = compiled[self.launch.grid]
+            runner = self.runners[key] = direct_runner(compiled, self.launch.grid)
             positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
             if self.pinned and len(positions) > 1 and all(args[i].data_ptr() % 16 == 0 for i in positions):
                 self._tensor_args, self._aligned_runner = operator.itemgetter(*positions), runner
@@ -157,7 +204,7 @@ class GluonLauncher:
         kernel = compile_launch(launch, major * 10 + minor, device_index)
         with torch.cuda.device(device_index):  # load the module on this device, not the current one
             kernel._init_handles()
-        self.runner = kernel[launch.grid]
+        self.runner = direct_runner(kernel, launch.grid)
         self.constexpr_values = tuple(value for _, value in launch.constexprs)
         self.descriptor = TensorDescriptor
         self.views = tuple(
@@ -352,9 +399,11 @@ def launch_decode(config: LaunchConfig, ops: operands.DecodeOperands, mid_o, mid
         return None
     # Keyed on raw stride tuples: cheaper per call than building KernelStrides.
     v = ops.k_cache if config.problem.v_from_k else ops.v_cache
-    mid = None if mid_o is None else (mid_o.stride(), mid_lse.stride())
+    # (The config fixes every dtype its callers check; out's, lse's and the scratch's are
+    # keyed too, as a DecodeRun's launchers take them as fixed: see StageLauncher.pinned.)
+    mid = None if mid_o is None else (mid_o.stride(), mid_lse.stride(), mid_o.dtype, mid_lse.dtype)
     key = (config, ops.q.get_device(), ops.q.stride(), ops.k_cache.stride(), v.stride(), ops.page_table.stride(), mid,
-           out.stride(), lse.stride())  # fmt: skip
+           out.stride(), lse.stride(), out.dtype, lse.dtype)  # fmt: skip
     run = _DECODE_LAUNCHERS.get(key)
     if run is None:
         if len(_DECODE_LAUNCHERS) >= MAX_CACHED_LAUNCHES:
