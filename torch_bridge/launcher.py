@@ -275,6 +275,7 @@ class DecodeRun:
         # The fixed-split config: what runs where the Gluon kernel cannot.
         self.fixed = dataclasses.replace(config, schedule_programs=0) if config.schedule_programs else config
         self.strides = strides
+        self.one_pass, self.fixed_one_pass = config.one_pass, self.fixed.one_pass
         self._fixed_scratch, self._scheduled_scratch = _scratch_layout(self.fixed), _scratch_layout(config)
         self.stage1 = StageLauncher(self.fixed.stage1(strides), pinned=True)
         self.stage2 = StageLauncher(self.fixed.stage2(strides), pinned=True)
@@ -313,8 +314,8 @@ class DecodeRun:
         # while other programs still read the inputs.  (config.one_pass implies
         # self.fixed.one_pass: the overlap test runs once, if at all.)
         direct = self.direct
-        shares_memory = (self.fixed.one_pass or direct) and out_given and _may_overlap(out, ops)
-        one_pass = config.one_pass and not shares_memory
+        shares_memory = (self.fixed_one_pass or direct) and out_given and _may_overlap(out, ops)
+        one_pass = self.one_pass and not shares_memory
         gluon = self.gluon is not None and not (direct and shares_memory)
         if gluon and _aligned(ops.q, ops.k_cache, ops.v_cache, ops.page_table, ops.seq_lens, out, lse):
             tensors = dict(q=ops.q, k_cache=ops.k_cache, v_cache=ops.v_cache)
@@ -329,18 +330,18 @@ class DecodeRun:
             if one_pass:
                 self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), out, lse))
                 return
-            if not config.one_pass:  # (the one-pass launch cannot write partial results)
+            if not self.one_pass:  # (the one-pass launch cannot write partial results)
                 if mid_o is None:
                     mid_o, mid_lse = _launch_scratch(self._fixed_scratch, out)
                 if _aligned(mid_o, mid_lse):
                     self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), mid_o, mid_lse))
                     self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
                     return
-        if self.fixed.one_pass and not shares_memory:
+        if self.fixed_one_pass and not shares_memory:
             self.stage1((*operands.stage1_inputs(ops, p), out, lse))
             return
         stage1 = self.stage1
-        if shares_memory and self.fixed.one_pass:  # one split, but out shares memory with an input
+        if shares_memory and self.fixed_one_pass:  # one split, but out shares memory with an input
             if self._stage1_partials is None:
                 self._stage1_partials = StageLauncher(self.fixed.stage1(self.strides, partials=True), pinned=True)
             stage1 = self._stage1_partials
