@@ -5,41 +5,24 @@ An empty kernel (five runtime arguments, two constexprs) launched back to back: 
 call), through the compiled kernel's runner (``compiled[grid]``: launch metadata and
 hook chains per call), through its ``run`` and, where the installed Triton's launcher has
 one, through its C ``launch`` itself -- what ``torch_bridge.launcher.direct_runner``
-calls -- with ``torch.add`` for reference.  Median of 5 rounds of 5000 calls.
+calls -- with ``torch.add`` for reference.  Timed as :mod:`benchmarks.host_overhead` times calls.
 
     python -m benchmarks.launch_cost
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 import triton
 import triton.language as tl
 
-CALLS, ROUNDS = 5000, 5
+from benchmarks.host_overhead import per_call_us
 
 
 @triton.jit
 def _empty(x_ptr, y_ptr, z_ptr, w_ptr, n, A: tl.constexpr, B: tl.constexpr):
     if tl.program_id(0) < 0:  # never: the launch is the whole cost
         tl.store(x_ptr, tl.load(y_ptr) + tl.load(z_ptr) + tl.load(w_ptr) + n + A + B)
-
-
-def per_call_us(fn) -> float:
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - start) / CALLS * 1e6)
-    return statistics.median(rounds)
 
 
 def main() -> None:
