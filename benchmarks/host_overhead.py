@@ -87,21 +87,27 @@ def jax_entry_points(problem) -> dict:
 
     q, k, v, pt, sl = (jnp.asarray(a) for a in problem.arrays)
 
-    def attend(q):
-        return jax_decode.decode_attention(q, k, v, pt, sl, sm_scale=SM_SCALE, num_kv_splits=SPLITS)
+    def attend(q, splits=SPLITS):
+        return jax_decode.decode_attention(q, k, v, pt, sl, sm_scale=SM_SCALE, num_kv_splits=splits)
 
     one = jax.jit(attend)
 
-    @jax.jit
-    def chained(q):
-        for _ in range(CHAINED):
-            q = attend(q)
-        return q
+    def chain(splits):
+        @jax.jit
+        def chained(q):
+            for _ in range(CHAINED):
+                q = attend(q, splits)
+            return q
+
+        return chained
+
+    chained, chained_planned = chain(SPLITS), chain(None)
 
     trivial = jax.jit(lambda q: q + 1)
     return {
         "jax_decode.decode_attention (jit)": (lambda: one(q), 1),
         f"jax_decode.decode_attention ({CHAINED} chained)": (lambda: chained(q), CHAINED),
+        f"jax_decode.decode_attention ({CHAINED} chained, planned splits)": (lambda: chained_planned(q), CHAINED),
         "trivial jitted op (q + 1)": (lambda: trivial(q), 1),
     }
 
