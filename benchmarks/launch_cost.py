@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from benchmarks.host_overhead import per_call_us
+from torch_bridge.launcher import direct_launch_here
 
 
 @triton.jit
@@ -38,7 +39,7 @@ def main() -> None:
         "compiled.run(...)": lambda: run(*grid, stream(device), function, metadata, None, None, None, *args, 1, 2),
     }
     launch = getattr(run, "launch", None)
-    if launch is not None and triton.__version__.startswith("3.6."):  # (its C launcher's argument order)
+    if launch is not None and direct_launch_here():  # (a Triton whose C launcher's argument order is known)
         coop, pdl = run.launch_cooperative_grid, run.launch_pdl
         routes["C launcher (direct_runner's)"] = lambda: launch(
             *grid, stream(device), function, coop, pdl, None, None, metadata, None, None, None, *args, 1, 2

@@ -251,9 +251,9 @@ def _scratch_layout(config: LaunchConfig) -> tuple:
 def scratch(config: LaunchConfig, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1's partial results for ``config`` on ``like``'s device: (mid_o, mid_lse),
     contiguous views of one float32 buffer (one allocation and two views per call)."""
-    size, mid_o, mid_lse = _scratch_layout(config)
-    buffer = like.new_empty((size,), dtype=torch.float32)
-    return buffer.as_strided(*mid_o), buffer.as_strided(*mid_lse)
+    layout = _scratch_layout(config)
+    buffer, mid_lse = _launch_scratch(layout, like)
+    return buffer.as_strided(*layout[1]), mid_lse
 
 
 def _launch_scratch(layout: tuple, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
