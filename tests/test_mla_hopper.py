@@ -524,10 +524,13 @@ def test_schedule_stays_within_int32_positions():
     assert fits.hopper_mla and fits.schedule_programs
     too_many = _plan(_mla(batch=4096, num_heads=16, max_pages=2**19, num_pages=1000))
     assert too_many.hopper_mla and not too_many.schedule_programs
-    # Just below 2**31 positions, but the kernel's rounded-up divisions would pass it.
+    # Just below 2**31 positions, and at it (the kernels' products of positions and
+    # program counts are int64).
     edge = _plan(_mla(batch=128, num_heads=128, page_size=640, max_pages=1677721, num_pages=1000))
-    assert 128 * (5 + math.ceil(640 * 1677721 / 64)) < 2**31
-    assert edge.hopper_mla and not edge.schedule_programs
+    assert 128 * (5 + math.ceil(640 * 1677721 / 64)) == 2**31 - 128
+    assert edge.hopper_mla and edge.schedule_programs
+    over = _plan(_mla(batch=128, num_heads=128, page_size=640, max_pages=1677722, num_pages=1000))
+    assert over.hopper_mla and not over.schedule_programs
 
 
 def test_tma_ready_needs_row_views():

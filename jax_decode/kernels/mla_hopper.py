@@ -471,6 +471,16 @@ def _mla_stage1_hopper(
 
 
 @gluon.jit
+def _program_positions(schedule_ptr, program, NUM_PROGRAMS: gl.constexpr):
+    """jax_decode.kernels.schedule.program_positions in Gluon: the positions ``[lo,
+    hi)`` of the schedule that ``program`` takes."""
+    total = gl.load(schedule_ptr).to(gl.int64)
+    lo = (program.to(gl.int64) * total) // NUM_PROGRAMS
+    hi = ((program + 1).to(gl.int64) * total) // NUM_PROGRAMS
+    return lo.to(gl.int32), hi.to(gl.int32)
+
+
+@gluon.jit
 def _mla_stage1_hopper_scheduled(
     q_desc,  # as _mla_stage1_hopper's
     qr_desc,
@@ -496,7 +506,7 @@ def _mla_stage1_hopper_scheduled(
     PIPELINE: gl.constexpr,
 ):
     """The device-side schedule (jax_decode.kernels.schedule): program ``p`` of a head
-    block attends to the chunks of positions ``[p W, (p + 1) W)``, row by row, writing
+    block attends to the chunks of its positions ``[lo_p, lo_{p+1})``, row by row, writing
     chunk ``(p, b)`` to slot ``b + p``; grid ``(cdiv(num_heads, 64), NUM_PROGRAMS)``."""
     _check_shapes(q_desc, qr_desc, k_desc, PAGE_SIZE, NUM_STAGES)
     first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
@@ -508,15 +518,13 @@ def _mla_stage1_hopper_scheduled(
     # the fixed-split kernel's 235 and none: one local reload per tile.
     for row in range(first_row, end_row):
         head_block = gl.program_id(0)
-        program = gl.program_id(1)
-        per_program = gl.load(schedule_ptr)
-        row_start = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * row)
+        lo, hi = _program_positions(schedule_ptr, gl.program_id(1), NUM_PROGRAMS)
+        row_tiles = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 3 * row) + CHUNK_COST  # S_b + CHUNK_COST
         row64 = row.to(gl.int64)
         seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row64), 0), CAPACITY)
         tiles = gl.cdiv(seq_len, 64)
-        first_pos = program * per_program
-        tile_lo = gl.minimum(gl.maximum(first_pos - row_start - CHUNK_COST, 0), tiles)
-        tile_hi = gl.minimum(gl.maximum(first_pos + per_program - row_start - CHUNK_COST, 0), tiles)
+        tile_lo = gl.minimum(gl.maximum(lo - row_tiles, 0), tiles)
+        tile_hi = gl.minimum(gl.maximum(hi - row_tiles, 0), tiles)
         q_row = row * NUM_HEADS + head_block * 64
         o, lse = _attend_chunk(
             q_desc, qr_desc, k_desc, kr_desc, q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars,
@@ -723,10 +731,10 @@ def _seesaw_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRI
         program = gl.program_id(1)
         seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row), 0), CAPACITY)
         tiles = gl.cdiv(seq_len, 64)
-        row_start = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * row)  # S_b
-        first_pos = program * gl.load(schedule_ptr) - row_start - CHUNK_COST
-        tile_lo = gl.minimum(gl.maximum(first_pos, 0), tiles)
-        tile_hi = gl.minimum(gl.maximum(first_pos + gl.load(schedule_ptr), 0), tiles)
+        lo, hi = _program_positions(schedule_ptr, program, NUM_PROGRAMS)
+        row_tiles = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 3 * row) + CHUNK_COST  # S_b + CHUNK_COST
+        tile_lo = gl.minimum(gl.maximum(lo - row_tiles, 0), tiles)
+        tile_hi = gl.minimum(gl.maximum(hi - row_tiles, 0), tiles)
         start = tile_lo * 64
         end = gl.minimum(tile_hi * 64, seq_len)
         slot = row.to(gl.int64) + program
@@ -765,7 +773,7 @@ def _seesaw_whole_row(c, first_row, schedule_ptr, NUM_PROGRAMS: gl.constexpr):
     """Under the device-side schedule: whether chunk ``c``'s row has no other chunk
     (the schedule's ``n_b == 1``, which the merge skips), and the row."""
     row = first_row + c
-    return gl.load(schedule_ptr + 2 + 2 * NUM_PROGRAMS + 2 * row) == 1, row
+    return gl.load(schedule_ptr + 2 + 2 * NUM_PROGRAMS + 3 * row) == 1, row
 
 
 @gluon.jit

@@ -16,26 +16,34 @@ stream-K):
   window's first position, or 0, to ``len_b`` clamped to ``[0, CAPACITY]``); ``CHUNK_COST`` is the fixed cost of
   starting a row (loading Q, filling the pipeline, writing a partial result) in tiles.
   Laid end to end the rows occupy positions ``[S_b, S_b + cost_b)`` of
-  ``[0, total)``, ``S_b`` the exclusive prefix sum.
-* program ``p`` takes positions ``[p W, (p + 1) W)``, ``W = cdiv(total, NUM_PROGRAMS)``:
-  every row it meets is a *chunk* -- the row's tiles whose positions fall in its range
-  (possibly none: the row's start-up units alone).  Its rows are
-  ``first_p(b) = S_b // W`` to ``last_p(b) = (S_b + cost_b - 1) // W`` and it writes
-  chunk ``(p, b)``'s normalised output and LSE to slot ``b + p`` of the partial
-  buffers (unique: programs take rows in order), ``batch + NUM_PROGRAMS`` slots in all.
+  ``[0, total)``, ``S_b`` the exclusive prefix sum; the row's tiles are its positions
+  from ``S_b + CHUNK_COST`` on.
+* program ``p`` takes positions ``[lo_p, lo_{p+1})``, ``lo_p = p * total //
+  NUM_PROGRAMS`` (exact shares, not a rounded-up width: with ``k`` programs to each of
+  a uniform batch's rows, the shares end where the rows do), so position ``x`` is
+  program ``prog(x) = ((x + 1) * NUM_PROGRAMS - 1) // total``'s.  Row ``b`` goes to
+  programs ``first_p(b) = prog(S_b + CHUNK_COST)`` (the one holding its first tile; for
+  a row with no tile, the one holding its last position) to ``last_p(b) = prog(S_b +
+  cost_b - 1)``: each of them attends to a *chunk* of it, the row's tiles whose
+  positions fall in its range.  A program whose range holds only a row's start-up
+  units leaves the row to the next, so no chunk is empty but a row's with no tile:
+  an empty chunk would cost a start-up for nothing.  Chunk ``(p, b)``'s normalised
+  output and LSE go to slot ``b + p`` of the partial buffers (unique: programs take
+  rows in order), ``batch + NUM_PROGRAMS`` slots in all.
 * :func:`_schedule_merge` merges row ``b``'s slots ``b + first_p(b) .. b + last_p(b)``.
   With ``SKIP_WHOLE`` it leaves alone the rows of one chunk (``first_p(b) ==
   last_p(b)``), which the stage 1 that runs with it wrote to ``out`` and ``lse``
   itself: a uniform batch whose rows fall into the shares whole needs no merge.
 
-:func:`_work_schedule` writes, as int32 (``1 + 2 * NUM_PROGRAMS + 2 * batch`` of them):
-``W``; for each program its first row (the number of rows that end at or before its
-first position); for each program one past its last row (the number of rows that
-start before its last position); for each row the pair ``S_b``, ``n_b = last_p(b) -
-first_p(b) + 1`` (its number of chunks: one place decides which rows stage 1 writes
-whole and the merge skips).  (A program's loop holds only its row: everything else is
+:func:`_work_schedule` writes, as int32 (``1 + 2 * NUM_PROGRAMS + 3 * batch`` of them):
+``total``; for each program its first row (the number of rows whose last program is
+before it); for each program one past its last row (the number of rows whose first
+program is at most it); for each row the triple ``S_b``, ``n_b = last_p(b) - first_p(b)
++ 1`` (its number of chunks: one place decides which rows stage 1 writes whole and the
+merge skips), ``first_p(b)``.  (A program's loop holds only its row: everything else is
 read back per chunk, as registers are what the Gluon kernel has least of.)  The launch
-config keeps ``batch * (CHUNK_COST + cdiv(CAPACITY, BLOCK_N))`` below 2**31.
+config keeps ``batch * (CHUNK_COST + cdiv(CAPACITY, BLOCK_N))`` below 2**31; products
+of positions and program counts are int64.
 """
 
 from __future__ import annotations
@@ -55,17 +63,32 @@ def attended_tiles(seq_len, BLOCK_N: tl.constexpr, WINDOW_LEFT: tl.constexpr, Q_
 
 
 @triton.jit
+def program_positions(schedule_ptr, program, NUM_PROGRAMS: tl.constexpr):
+    """Positions ``[lo, hi)`` of the schedule that ``program`` takes (int32)."""
+    total = tl.load(schedule_ptr).to(tl.int64)
+    lo = (program.to(tl.int64) * total) // NUM_PROGRAMS
+    hi = ((program + 1).to(tl.int64) * total) // NUM_PROGRAMS
+    return lo.to(tl.int32), hi.to(tl.int32)
+
+
+@triton.jit
 def chunk_bounds(schedule_ptr, row, program, seq_len, NUM_PROGRAMS: tl.constexpr, CHUNK_COST: tl.constexpr,
                  BLOCK_N: tl.constexpr, WINDOW_LEFT: tl.constexpr, Q_LEN: tl.constexpr):  # fmt: skip
     """Positions ``[start, end)`` of ``row`` (its length ``seq_len``, clamped) that
-    ``program``'s share of the work holds: the tiles whose positions fall in
-    ``[program * W, (program + 1) * W)``, after the row's start-up units."""
+    ``program``'s share of the work holds: the tiles whose positions fall in its
+    range, after the row's start-up units."""
     first, tiles = attended_tiles(seq_len, BLOCK_N, WINDOW_LEFT, Q_LEN)
-    per_program = tl.load(schedule_ptr)
-    first_pos = program * per_program - tl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * row) - CHUNK_COST
-    tile_lo = tl.minimum(tl.maximum(first_pos, 0), tiles)
-    tile_hi = tl.minimum(tl.maximum(first_pos + per_program, 0), tiles)
+    lo, hi = program_positions(schedule_ptr, program, NUM_PROGRAMS)
+    row_tiles = tl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 3 * row) + CHUNK_COST  # S_b + CHUNK_COST
+    tile_lo = tl.minimum(tl.maximum(lo - row_tiles, 0), tiles)
+    tile_hi = tl.minimum(tl.maximum(hi - row_tiles, 0), tiles)
     return first + tile_lo * BLOCK_N, tl.minimum(first + tile_hi * BLOCK_N, seq_len)
+
+
+@triton.jit
+def _program_of(position, total, NUM_PROGRAMS: tl.constexpr):
+    """The program whose positions hold ``position`` (< total)."""
+    return (((position.to(tl.int64) + 1) * NUM_PROGRAMS - 1) // total).to(tl.int32)
 
 
 @triton.jit
@@ -81,7 +104,7 @@ def _row_costs(seq_lens_ptr, rows, batch, CAPACITY: tl.constexpr, BLOCK_N: tl.co
 def _work_schedule(
     seq_lens_ptr,  # int32 [batch]
     batch,  # int
-    schedule_ptr,  # int32 [1 + 2 * NUM_PROGRAMS + 2 * batch], written
+    schedule_ptr,  # int32 [1 + 2 * NUM_PROGRAMS + 3 * batch], written
     CAPACITY: tl.constexpr,  # max_pages * page_size
     BLOCK_N: tl.constexpr,  # tokens per tile
     CHUNK_COST: tl.constexpr,
@@ -93,34 +116,36 @@ def _work_schedule(
 ):
     """The schedule of the module docstring; one program."""
     offs_b = tl.arange(0, BLOCK_B)
-    row_info = schedule_ptr + 1 + 2 * NUM_PROGRAMS  # (S_b, n_b) pairs
+    row_info = schedule_ptr + 1 + 2 * NUM_PROGRAMS  # (S_b, n_b, first_p(b)) triples
     total = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int32), 0)
     for b0 in range(0, batch, BLOCK_B):
         rows = b0 + offs_b
         cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST, WINDOW_LEFT, Q_LEN)
-        tl.store(row_info + 2 * rows, total + tl.cumsum(cost, 0) - cost, mask=rows < batch)
+        tl.store(row_info + 3 * rows, total + tl.cumsum(cost, 0) - cost, mask=rows < batch)
         total += tl.sum(cost, 0)
-    per_program = tl.cdiv(total, NUM_PROGRAMS)
-    tl.store(schedule_ptr, per_program)
+    tl.store(schedule_ptr, total)
+    total64 = tl.maximum(total, 1).to(tl.int64)
 
-    # Each program's rows: from the first that ends after its first position to the
-    # last that starts before its last.  Row b ends before program p's first position
-    # iff cdiv(end_b, W) <= p, and starts before its last iff start_b // W <= p, so the
-    # counts are prefix sums of two histograms over programs.  (The row ends are
-    # recomputed rather than read back: other threads wrote the row starts.)
-    ends = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int32), 0)
+    # Each program's rows: from the first whose last program is not before it to the
+    # last whose first program is not after it, so the counts are prefix sums of two
+    # histograms over programs.  (The row starts are recomputed rather than read back:
+    # other threads wrote them.)
+    starts = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int32), 0)
     ended = tl.zeros([BLOCK_P], dtype=tl.int32)
     started = tl.zeros([BLOCK_P], dtype=tl.int32)
     for b0 in range(0, batch, BLOCK_B):
         rows = b0 + offs_b
+        in_batch = rows < batch
         cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST, WINDOW_LEFT, Q_LEN)
-        row_end = ends + tl.cumsum(cost, 0)
-        chunks = (row_end - 1) // per_program - (row_end - cost) // per_program + 1
-        tl.store(row_info + 2 * rows + 1, chunks, mask=rows < batch)
+        row_start = starts + tl.cumsum(cost, 0) - cost
+        first_p = _program_of(row_start + tl.minimum(cost - 1, CHUNK_COST), total64, NUM_PROGRAMS)
+        last_p = _program_of(row_start + cost - 1, total64, NUM_PROGRAMS)
+        tl.store(row_info + 3 * rows + 1, last_p - first_p + 1, mask=in_batch)
+        tl.store(row_info + 3 * rows + 2, first_p, mask=in_batch)
         # Bins run to NUM_PROGRAMS; rows past the batch go to the last bin, past it.
-        ended += tl.histogram(tl.where(rows < batch, tl.cdiv(row_end, per_program), BLOCK_P - 1), BLOCK_P)
-        started += tl.histogram(tl.where(rows < batch, (row_end - cost) // per_program, BLOCK_P - 1), BLOCK_P)
-        ends += tl.sum(cost, 0)
+        ended += tl.histogram(tl.where(in_batch, last_p + 1, BLOCK_P - 1), BLOCK_P)
+        started += tl.histogram(tl.where(in_batch, first_p, BLOCK_P - 1), BLOCK_P)
+        starts += tl.sum(cost, 0)
     offs_p = tl.arange(0, BLOCK_P)
     mask_p = offs_p < NUM_PROGRAMS
     tl.store(schedule_ptr + 1 + offs_p, tl.cumsum(ended, 0), mask=mask_p)
@@ -174,13 +199,13 @@ def _schedule_merge(
     heads = tl.program_id(1) * BLOCK_HM + tl.arange(0, BLOCK_HM)
     tok = tl.program_id(2)  # (the token strides are 0 with one query token)
     mask_h = heads < NUM_HEADS
-    row_info = schedule_ptr + 1 + 2 * NUM_PROGRAMS + 2 * batch_idx
+    row_info = schedule_ptr + 1 + 2 * NUM_PROGRAMS + 3 * batch_idx
     count = tl.load(row_info + 1)
     merges = count > 0  # every row has a chunk
     if SKIP_WHOLE:
         merges = count > 1
     if merges:
-        slot = batch_idx + tl.load(row_info) // tl.load(schedule_ptr)  # b + first_p(b)
+        slot = batch_idx + tl.load(row_info + 2)  # b + first_p(b)
         offs_c = tl.arange(0, BLOCK_C)
         offs_dv = tl.arange(0, BLOCK_DV)
         mask_dv = offs_dv < HEAD_DIM_V

@@ -341,7 +341,7 @@ class LaunchConfig:
     @property
     def schedule_shape(self) -> tuple[int]:
         """The int32 schedule :func:`~jax_decode.kernels.schedule._work_schedule` writes."""
-        return (1 + 2 * self.schedule_programs + 2 * self.problem.batch,)
+        return (1 + 2 * self.schedule_programs + 3 * self.problem.batch,)
 
     def schedule(self) -> KernelLaunch:
         """The device-side schedule's kernel (one program): inputs seq_lens and batch."""

@@ -316,10 +316,8 @@ def schedule_programs(p: DecodeProblem, wave: int, tile: int, chunk_cost: int) -
         return 0
     divisor = next(d for d in range(wave, 0, -1) if p.batch % d == 0)
     programs = divisor if divisor >= ALIGNED_PROGRAMS_SHARE * wave else wave
-    positions = p.batch * (chunk_cost + cdiv(p.capacity, tile))
-    # The schedule kernel's rounded-up divisions add up to a share (and the programs) to
-    # the positions before dividing.
-    if positions + cdiv(positions, programs) + programs >= 2**31:
+    # The schedule's positions are int32 (their products with program counts int64).
+    if p.batch * (chunk_cost + cdiv(p.capacity, tile)) >= 2**31:
         return 0
     return programs
 
