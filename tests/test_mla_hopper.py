@@ -247,6 +247,8 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
 
         programs = hopper_mla_schedule_programs(mla, device) if schedule is True else schedule
         config = dataclasses.replace(config, schedule_programs=programs)
+    if not seesaw and mla.q_len > 1:  # (the two-warpgroup kernel's schedule takes one token)
+        config = dataclasses.replace(config, schedule_programs=0)
     config = dataclasses.replace(config, hopper_seesaw=seesaw)
     assert config.hopper_mla
     out = torch.empty(mla.out_shape, dtype=q.dtype, device=q.device)
@@ -289,12 +291,14 @@ def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_heads", [128, 16])
 @pytest.mark.parametrize(
-    "q_len, num_kv_splits, schedule", [(None, 1, False), (None, 3, False), (None, None, True), (2, 2, False)]
+    "q_len, num_kv_splits, schedule",
+    [(None, 1, False), (None, 3, False), (None, None, True), (2, 2, False), (2, None, True)],
 )
 def test_fp8_cache_on_the_seesaw_matches_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits, schedule):
     """An e4m3 latent with K and V scales on the seesaw kernels (``hopper_fp8``): each K
     part widened to float16 in shared memory as it lands, Q rewritten as float16; one
-    pass, fixed splits, the device-side schedule and two query tokens."""
+    pass, fixed splits, the device-side schedule and two query tokens (fixed splits and
+    the schedule)."""
     config = _check_planned_launch(num_heads, q_len, num_kv_splits, schedule=schedule, fp8=True)
     assert config.problem.cache_dtype == "float8_e4m3fn" and config.hopper_mla
 
@@ -310,9 +314,13 @@ def test_device_schedule_of_few_programs_matches_oracle_and_jax_equals_torch(num
 
     lengths = [min(max(n, 0), 64 * 20) for n in LENGTHS]
     costs = [HOPPER_MLA_CHUNK_COST + math.ceil(n / 64) for n in lengths]
-    share = math.ceil(sum(costs) / 4)
     starts = [sum(costs[:b]) for b in range(len(costs))]
-    whole = [s // share == (s + c - 1) // share for s, c in zip(starts, costs, strict=True)]
+
+    def program(position):  # of four (jax_decode.kernels.schedule)
+        return ((position + 1) * 4 - 1) // sum(costs)
+
+    whole = [program(s + min(HOPPER_MLA_CHUNK_COST, c - 1)) == program(s + c - 1)
+             for s, c in zip(starts, costs, strict=True)]  # fmt: skip
     assert 2 <= sum(whole) < len(lengths)  # rows of one chunk and rows of several
     config = _check_planned_launch(num_heads, None, None, schedule=4, seesaw=seesaw)
     assert config.schedule_programs == 4
@@ -323,7 +331,8 @@ def test_device_schedule_of_few_programs_matches_oracle_and_jax_equals_torch(num
 @pytest.mark.parametrize("num_heads, q_len, num_kv_splits", [(16, 2, None), (16, 4, 1), (128, 2, 3), (100, 3, None)])
 def test_multi_token_rows_match_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits, seesaw):
     """The Gluon stage 1 with (query token, head) rows, causal among the new tokens, rows
-    shorter than q_len included."""
+    shorter than q_len included; planned splits (None) are the device-side schedule on
+    the seesaw."""
     _check_planned_launch(num_heads, q_len, num_kv_splits, seesaw=seesaw)
 
 
@@ -459,8 +468,15 @@ def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
     device = DeviceInfo(**H200, hopper_kernels=True)
     two = _mla(batch=8, num_heads=16, q_len=2, token_axis=True)
     assert not make_launch_config(two, device, hopper_multi_token=False).hopper_mla
-    config = make_launch_config(two, device)
-    assert config.hopper_mla and not config.schedule_programs  # the schedule takes one token
+    scheduled = make_launch_config(two, device)
+    assert scheduled.hopper_mla and scheduled.schedule_programs == H200["num_sms"]  # one 32-row block a program
+    launch = scheduled.hopper_stage1(scheduled.contiguous_strides())
+    assert launch.kernel_name == "mla_hopper_seesaw_scheduled" and launch.grid == (1, H200["num_sms"], 1)
+    assert dict(launch.constexprs)["Q_LEN"] == 2 and dict(launch.constexprs)["STRIDE_OT"] == 16 * 512
+    with pytest.raises(ValueError, match="two-warpgroup kernel's device-side schedule takes one query token"):
+        dataclasses.replace(scheduled, hopper_seesaw=False).hopper_stage1(scheduled.contiguous_strides())
+    config = make_launch_config(two, device, device_schedule=False)
+    assert config.hopper_mla and not config.schedule_programs
     strides = config.contiguous_strides()
     launch = config.hopper_stage1(strides)
     # 2 tokens x 16 heads = 32 rows: one 64-row block reads the latent once.
@@ -476,6 +492,7 @@ def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
     assert not config.tma_ready(dataclasses.replace(strides, tokens=(16 * 640, *strides.tokens[1:])))
     big = make_launch_config(_mla(batch=8, num_heads=128, q_len=3, token_axis=True), device, hopper_multi_token=True)
     assert big.hopper_stage1(big.contiguous_strides()).grid[0] == 6
+    assert big.schedule_programs == H200["num_sms"] // 6  # a wave over the six head blocks
 
 
 def test_gluon_constexprs_follow_the_kernel_parameters():
@@ -494,7 +511,9 @@ def test_gluon_constexprs_follow_the_kernel_parameters():
         _plan(_mla(batch=4, num_heads=16)),
         _plan(_mla(batch=4, num_heads=16), num_kv_splits=1),
         _plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True)),
-        dataclasses.replace(_plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True)), hopper_seesaw=False),
+        dataclasses.replace(
+            _plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True), device_schedule=False), hopper_seesaw=False
+        ),
         dataclasses.replace(_plan(_mla(batch=4)), hopper_seesaw=False),
     ):
         launch = config.hopper_stage1(config.contiguous_strides())
@@ -582,6 +601,8 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1, 
     launch = config.hopper_stage1(config.contiguous_strides())
     if num_kv_splits:
         assert launch.kernel_name == ("mla_hopper_seesaw" if seesaw else "mla_hopper")
+    else:
+        assert launch.kernel_name == "mla_hopper_seesaw_scheduled"
     kernel = compile_launch(launch, 90)
     ptx = kernel.asm["ptx"]
     assert kernel.metadata.shared <= SM90_SHARED_LIMIT, kernel.metadata.shared
@@ -602,9 +623,10 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1, 
 @pytest.mark.parametrize(
     "batch, num_heads, page_size, num_kv_splits, q_len, seesaw",
     # one pass (bf16 out), splits into float32 scratch, the device-side schedule, and
-    # (token, head) rows of several query tokens; the two-warpgroup baseline
+    # (token, head) rows of several query tokens (fixed splits and the schedule); the
+    # two-warpgroup baseline
     [(4, 128, 64, 1, 1, True), (3, 16, 128, 3, 1, True), (5, 128, 64, None, 1, True), (3, 16, 64, 2, 2, True),
-     (2, 16, 64, 1, 4, True), (3, 16, 64, 2, 2, False)],
+     (2, 16, 64, 1, 4, True), (3, 16, 64, 2, 2, False), (5, 128, 64, None, 2, True)],
 )  # fmt: skip
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3"])
 def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_splits, q_len, seesaw, fp8):

@@ -738,8 +738,8 @@ def _seesaw_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRI
         start = tile_lo * 64
         end = gl.minimum(tile_hi * 64, seq_len)
         slot = row.to(gl.int64) + program
-        o_base = slot * (NUM_HEADS * 512)
-        lse_base = slot * NUM_HEADS
+        o_base = slot * (Q_LEN * NUM_HEADS * 512)
+        lse_base = slot * (Q_LEN * NUM_HEADS)
     else:
         row = gl.program_id(1)
         split = gl.program_id(2)
@@ -818,6 +818,8 @@ def _seesaw_partition(
     KV_FP8: gl.constexpr,  # an e4m3 cache, widened to float16 in shared memory as it lands
     K_SCALE: gl.constexpr,  # 0: none; else k_scale_ptr[0] multiplies the scores
     V_SCALE: gl.constexpr,  # 0: none; else v_scale_ptr[0] multiplies the output
+    STRIDE_OT: gl.constexpr,  # scheduled, Q_LEN > 1: out's and lse's token strides
+    STRIDE_LT: gl.constexpr,
     WG: gl.constexpr,
 ):
     """One warpgroup of the seesaw: WG 0 scores even tiles (stage 0) and owns output
@@ -1088,7 +1090,8 @@ def _seesaw_partition(
             whole, row = _seesaw_whole_row(c, first_row, schedule_ptr, NUM_PROGRAMS)
         if whole:  # the row's only chunk: the merge leaves it to this store
             _seesaw_store(o, lse, out_ptr, lse_ptr, row.to(gl.int64) * STRIDE_OB, row.to(gl.int64) * STRIDE_LB,
-                          rows_o, rows_s, cols, 0, STRIDE_OH, 0, STRIDE_LH, NUM_HEADS, 1, WG)  # fmt: skip
+                          rows_o, rows_s, cols, STRIDE_OT, STRIDE_OH, STRIDE_LT, STRIDE_LH, NUM_HEADS, Q_LEN,
+                          WG)  # fmt: skip
         else:
             _seesaw_store(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, rows_o, rows_s, cols, STRIDE_MOT,
                           STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, WG)  # fmt: skip
@@ -1115,7 +1118,7 @@ def _seesaw_call(args, consts: gl.constexpr, WG: gl.constexpr):
         num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts[0], consts[1], consts[2], consts[3], consts[4],
         consts[5], consts[6], consts[7], consts[8], consts[9], consts[10], consts[11], consts[12], consts[13],
         consts[14], consts[15], consts[16], consts[17], consts[18], consts[19], consts[20], consts[21], consts[22],
-        consts[23], consts[24], WG,
+        consts[23], consts[24], consts[25], consts[26], WG,
     )  # fmt: skip
 
 
@@ -1222,7 +1225,7 @@ def _mla_stage1_hopper_seesaw(
     outputs as _mla_stage1_hopper; its descriptors with [64, 256] latent blocks."""
     consts: gl.constexpr = (STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH, STRIDE_MOS, STRIDE_MLB, STRIDE_MLT,
                             STRIDE_MLH, STRIDE_MLS, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, Q_LEN, 1,
-                            0, False, 0, 0, 0, 0, KV_FP8, K_SCALE, V_SCALE)  # fmt: skip
+                            0, False, 0, 0, 0, 0, KV_FP8, K_SCALE, V_SCALE, 0, 0)  # fmt: skip
     _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, seq_lens_ptr, k_scale_ptr,
                 v_scale_ptr, num_pages, mid_o_ptr, mid_lse_ptr, mid_o_ptr, mid_lse_ptr, consts)  # fmt: skip
 
@@ -1240,10 +1243,10 @@ def _mla_stage1_hopper_seesaw_scheduled(
     schedule_ptr,  # int32: jax_decode.kernels.schedule._work_schedule's
     num_pages,  # int
     batch,  # int (the schedule's; unused here)
-    mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads, head_dim_v], contiguous: partials by slot
-    mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, num_heads], contiguous
-    out_ptr,  # [batch, num_heads, head_dim_v], q's dtype: the rows of one chunk
-    lse_ptr,  # f32 [batch, num_heads]
+    mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, (Q_LEN,) num_heads, head_dim_v], contiguous: partials by slot
+    mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, (Q_LEN,) num_heads], contiguous
+    out_ptr,  # [batch, (Q_LEN,) num_heads, head_dim_v], q's dtype: the rows of one chunk
+    lse_ptr,  # f32 [batch, (Q_LEN,) num_heads]
     STRIDE_PTB: gl.constexpr,
     SM_SCALE: gl.constexpr,
     NUM_HEADS: gl.constexpr,
@@ -1258,14 +1261,18 @@ def _mla_stage1_hopper_seesaw_scheduled(
     KV_FP8: gl.constexpr,
     K_SCALE: gl.constexpr,
     V_SCALE: gl.constexpr,
+    Q_LEN: gl.constexpr,  # query tokens per batch row; rows are (token, head) pairs
+    STRIDE_OT: gl.constexpr,  # out's and lse's token strides (Q_LEN > 1)
+    STRIDE_LT: gl.constexpr,
 ):
     """The seesaw under the device-side schedule: _mla_stage1_hopper_scheduled's
-    contract (grid ``(cdiv(num_heads, 64), NUM_PROGRAMS)``, chunk ``(p, b)`` to slot
-    ``b + p``), launched with num_warps=4 and [64, 256] latent blocks -- except that a
-    row the schedule gives one chunk goes straight to ``out`` and ``lse``, normalised
-    (the merge, run with ``SKIP_WHOLE``, leaves those rows alone)."""
-    consts: gl.constexpr = (STRIDE_PTB, 0, 0, 512, 0, 0, 0, 1, 0, SM_SCALE, NUM_HEADS, PAGE_SIZE, CAPACITY, 1, 1,
-                            NUM_PROGRAMS, CHUNK_COST, True, STRIDE_OB, STRIDE_OH, STRIDE_LB, STRIDE_LH, KV_FP8, K_SCALE,
-                            V_SCALE)  # fmt: skip
+    contract (grid ``(cdiv(Q_LEN * num_heads, 64), NUM_PROGRAMS)``, chunk ``(p, b)`` to
+    slot ``b + p``, a slot holding ``[Q_LEN, num_heads, 512]``), launched with
+    num_warps=4 and [64, 256] latent blocks -- except that a row the schedule gives one
+    chunk goes straight to ``out`` and ``lse``, normalised (the merge, run with
+    ``SKIP_WHOLE``, leaves those rows alone)."""
+    consts: gl.constexpr = (STRIDE_PTB, 0, NUM_HEADS * 512, 512, 0, 0, NUM_HEADS, 1, 0, SM_SCALE, NUM_HEADS,
+                            PAGE_SIZE, CAPACITY, 1, Q_LEN, NUM_PROGRAMS, CHUNK_COST, True, STRIDE_OB, STRIDE_OH,
+                            STRIDE_LB, STRIDE_LH, KV_FP8, K_SCALE, V_SCALE, STRIDE_OT, STRIDE_LT)  # fmt: skip
     _seesaw_run(q_desc, qr_desc, k_desc, kr_desc, page_table_ptr, seq_lens_ptr, schedule_ptr, k_scale_ptr,
                 v_scale_ptr, num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts)  # fmt: skip

@@ -197,8 +197,9 @@ class LaunchConfig:
     # with hopper_mla (num_kv_splits then describes only the portable stand-in), else the
     # portable one -- and the schedule's merge takes stage 2's place.
     schedule_programs: int = 0
-    # With hopper_mla: the warp-specialised seesaw kernels (any q_len; the schedule takes
-    # one token); False: the two-warpgroup kernel, the benchmarks' and tests' baseline.
+    # With hopper_mla: the warp-specialised seesaw kernels (any q_len, fixed splits or the
+    # schedule); False: the two-warpgroup kernel, the benchmarks' and tests' baseline
+    # (its schedule takes one query token).
     hopper_seesaw: bool = True
 
     @property
@@ -457,7 +458,8 @@ class LaunchConfig:
                 NUM_PROGRAMS=self.schedule_programs,
                 CHUNK_COST=HOPPER_MLA_CHUNK_COST,
             )
-            assert p.q_len == 1, "the device-side schedule takes one query token"
+            if p.q_len > 1 and not seesaw:
+                raise ValueError("the two-warpgroup kernel's device-side schedule takes one query token")
             params = (
                 *descriptors, ("page_table_ptr", "*i32"), ("seq_lens_ptr", "*i32"), *scales, ("schedule_ptr", "*i32"),
                 ("num_pages", "i32"), ("batch", "i32"), ("mid_o_ptr", "*fp32"), ("mid_lse_ptr", "*fp32"),
@@ -465,10 +467,11 @@ class LaunchConfig:
             if seesaw:  # rows of one chunk go straight to out and lse
                 params += (("out_ptr", _POINTER[p.dtype]), ("lse_ptr", "*fp32"))
                 meta.update(STRIDE_OB=strides.out[0], STRIDE_OH=strides.out[1], STRIDE_LB=strides.lse[0],
-                            STRIDE_LH=strides.lse[1], **fp8_meta)  # fmt: skip
+                            STRIDE_LH=strides.lse[1], **fp8_meta, Q_LEN=p.q_len, STRIDE_OT=strides.tokens[3],
+                            STRIDE_LT=strides.tokens[4])  # fmt: skip
             else:
                 meta.update(NUM_STAGES=2, PIPELINE=1)
-            grid = (cdiv(p.num_heads, HOPPER_MLA_ROWS), self.schedule_programs, 1)
+            grid = (cdiv(p.q_len * p.num_heads, HOPPER_MLA_ROWS), self.schedule_programs, 1)
             name, warps = ("mla_hopper_seesaw_scheduled", 4) if seesaw else ("mla_hopper_scheduled", 8)
             return KernelLaunch(name, grid, warps, 1, tuple(meta.items()), params, tma)
         out_type = _POINTER[p.dtype] if self.one_pass else "*fp32"

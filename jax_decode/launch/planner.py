@@ -296,10 +296,8 @@ ALIGNED_PROGRAMS_SHARE = 0.9
 def hopper_mla_schedule_programs(p: DecodeProblem, device: DeviceInfo) -> int:
     """Programs per head block of the Gluon MLA stage 1 under the device-side schedule
     (0: fixed splits): :func:`schedule_programs` for one program per SM.  (64 of 66
-    for 64 or 128 rows at 128 heads.)  It takes one query token."""
-    if p.q_len > 1:
-        return 0
-    wave = max(1, device.num_sms // cdiv(p.num_heads, HOPPER_MLA_ROWS))
+    for 64 or 128 rows at 128 heads.)  A block's rows are (query token, head) pairs."""
+    wave = max(1, device.num_sms // cdiv(p.q_len * p.num_heads, HOPPER_MLA_ROWS))
     return schedule_programs(p, wave, HOPPER_MLA_TILE, HOPPER_MLA_CHUNK_COST)
 
 
