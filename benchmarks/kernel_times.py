@@ -50,6 +50,8 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
 
     if not seesaw or plan_options != _FRONTEND_PLAN or schedule_programs is not None:
         config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
+        if not seesaw and config.problem.q_len > 1:  # the two-warpgroup kernel's schedule takes one token
+            config = dataclasses.replace(config, schedule_programs=0)
         config = dataclasses.replace(config, hopper_seesaw=seesaw)
         if schedule_programs is not None:
             if not config.schedule_programs:

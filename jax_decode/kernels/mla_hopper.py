@@ -475,8 +475,9 @@ def _program_positions(schedule_ptr, program, NUM_PROGRAMS: gl.constexpr):
     """jax_decode.kernels.schedule.program_positions in Gluon: the positions ``[lo,
     hi)`` of the schedule that ``program`` takes."""
     total = gl.load(schedule_ptr).to(gl.int64)
-    lo = (program.to(gl.int64) * total) // NUM_PROGRAMS
-    hi = ((program + 1).to(gl.int64) * total) // NUM_PROGRAMS
+    active = gl.maximum(gl.minimum(total, NUM_PROGRAMS), 1)  # the programs that take positions
+    lo = (gl.minimum(program.to(gl.int64), active) * total) // active
+    hi = (gl.minimum(program.to(gl.int64) + 1, active) * total) // active
     return lo.to(gl.int32), hi.to(gl.int32)
 
 

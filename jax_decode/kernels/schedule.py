@@ -18,10 +18,12 @@ stream-K):
   Laid end to end the rows occupy positions ``[S_b, S_b + cost_b)`` of
   ``[0, total)``, ``S_b`` the exclusive prefix sum; the row's tiles are its positions
   from ``S_b + CHUNK_COST`` on.
-* program ``p`` takes positions ``[lo_p, lo_{p+1})``, ``lo_p = p * total //
-  NUM_PROGRAMS`` (exact shares, not a rounded-up width: with ``k`` programs to each of
-  a uniform batch's rows, the shares end where the rows do), so position ``x`` is
-  program ``prog(x) = ((x + 1) * NUM_PROGRAMS - 1) // total``'s.  Row ``b`` goes to
+* the first ``A = min(NUM_PROGRAMS, total)`` programs share the positions (the rest,
+  where there are fewer positions than programs, take none): program ``p`` takes
+  ``[lo_p, lo_{p+1})``, ``lo_p = min(p, A) * total // A`` (exact shares, not a
+  rounded-up width: with ``k`` programs to each of a uniform batch's rows, the shares
+  end where the rows do), so position ``x`` is program ``prog(x) = ((x + 1) * A - 1)
+  // total``'s.  Row ``b`` goes to
   programs ``first_p(b) = prog(S_b + CHUNK_COST)`` (the one holding its first tile; for
   a row with no tile, the one holding its last position) to ``last_p(b) = prog(S_b +
   cost_b - 1)``: each of them attends to a *chunk* of it, the row's tiles whose
@@ -66,8 +68,9 @@ def attended_tiles(seq_len, BLOCK_N: tl.constexpr, WINDOW_LEFT: tl.constexpr, Q_
 def program_positions(schedule_ptr, program, NUM_PROGRAMS: tl.constexpr):
     """Positions ``[lo, hi)`` of the schedule that ``program`` takes (int32)."""
     total = tl.load(schedule_ptr).to(tl.int64)
-    lo = (program.to(tl.int64) * total) // NUM_PROGRAMS
-    hi = ((program + 1).to(tl.int64) * total) // NUM_PROGRAMS
+    active = tl.maximum(tl.minimum(total, NUM_PROGRAMS), 1)  # the programs that take positions
+    lo = (tl.minimum(program.to(tl.int64), active) * total) // active
+    hi = (tl.minimum(program.to(tl.int64) + 1, active) * total) // active
     return lo.to(tl.int32), hi.to(tl.int32)
 
 
@@ -86,9 +89,10 @@ def chunk_bounds(schedule_ptr, row, program, seq_len, NUM_PROGRAMS: tl.constexpr
 
 
 @triton.jit
-def _program_of(position, total, NUM_PROGRAMS: tl.constexpr):
-    """The program whose positions hold ``position`` (< total)."""
-    return (((position.to(tl.int64) + 1) * NUM_PROGRAMS - 1) // total).to(tl.int32)
+def _program_of(position, total, active):
+    """The program whose positions hold ``position`` (< total, both int64), of the first
+    ``active`` that share them."""
+    return (((position.to(tl.int64) + 1) * active - 1) // total).to(tl.int32)
 
 
 @triton.jit
@@ -125,6 +129,9 @@ def _work_schedule(
         total += tl.sum(cost, 0)
     tl.store(schedule_ptr, total)
     total64 = tl.maximum(total, 1).to(tl.int64)
+    # With fewer positions than programs, a program past them would take an empty share
+    # and, between a row's first and last programs, an empty chunk.
+    active = tl.minimum(total64, NUM_PROGRAMS)
 
     # Each program's rows: from the first whose last program is not before it to the
     # last whose first program is not after it, so the counts are prefix sums of two
@@ -138,8 +145,8 @@ def _work_schedule(
         in_batch = rows < batch
         cost = _row_costs(seq_lens_ptr, rows, batch, CAPACITY, BLOCK_N, CHUNK_COST, WINDOW_LEFT, Q_LEN)
         row_start = starts + tl.cumsum(cost, 0) - cost
-        first_p = _program_of(row_start + tl.minimum(cost - 1, CHUNK_COST), total64, NUM_PROGRAMS)
-        last_p = _program_of(row_start + cost - 1, total64, NUM_PROGRAMS)
+        first_p = _program_of(row_start + tl.minimum(cost - 1, CHUNK_COST), total64, active)
+        last_p = _program_of(row_start + cost - 1, total64, active)
         tl.store(row_info + 3 * rows + 1, last_p - first_p + 1, mask=in_batch)
         tl.store(row_info + 3 * rows + 2, first_p, mask=in_batch)
         # Bins run to NUM_PROGRAMS; rows past the batch go to the last bin, past it.
