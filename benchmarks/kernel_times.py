@@ -11,7 +11,8 @@ and ``hopper_multi_token=False`` (the frontends' plan, as it was before those we
 measured), ``--portable-schedule`` with ``portable_schedule=True``, ``--two-warpgroups``
 runs the Gluon MLA stage 1's two-warpgroup kernel where
 the plan has the seesaw, ``--schedule-programs N ...`` the device-side schedule with N
-programs per head block (rows whose plan has none are refused); these launch through
+programs per head block (rows whose plan has none are refused, but for the Gluon MLA
+seesaw, which takes it for several query tokens too); these launch through
 torch_bridge's launcher.
 """
 
@@ -54,7 +55,8 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
             config = dataclasses.replace(config, schedule_programs=0)
         config = dataclasses.replace(config, hopper_seesaw=seesaw)
         if schedule_programs is not None:
-            if not config.schedule_programs:
+            # (The Gluon MLA seesaw runs the schedule for any q_len, planned or not.)
+            if not config.schedule_programs and not (config.hopper_mla and seesaw):
                 raise ValueError(f"{row.label}: its plan has no device-side schedule for {schedule_programs} programs")
             config = dataclasses.replace(config, schedule_programs=schedule_programs)
         extras = problem.extras  # fp8 scales, sinks
