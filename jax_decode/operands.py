@@ -75,13 +75,14 @@ def _scale_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:
     return tuple(ops.seq_lens if scale is None else scale for scale in (ops.k_scale, v_scale))
 
 
-def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=None) -> tuple:
+def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=None, q_pointer: bool = False) -> tuple:
     """A Gluon stage 1's inputs after its TMA descriptors (which ``launch.tma`` builds over
-    the operands it names); its two outputs follow.  The MLA kernels take q by TMA, the
-    GQA kernel (separate K and V caches) through a pointer.  ``schedule``: the
-    device-side schedule's (for a config with ``schedule_programs``)."""
+    the operands it names); its two outputs follow.  The MLA seesaw kernels take q by
+    TMA; with ``q_pointer`` (``LaunchConfig.hopper_q_pointer``: the GQA kernel and the
+    narrow-group MLA kernel) it comes through a pointer.  ``schedule``: the device-side
+    schedule's (for a config with ``schedule_programs``)."""
     scales = _scale_inputs(ops, problem)
-    if not problem.v_from_k:
+    if q_pointer:
         return (ops.q, ops.page_table, ops.seq_lens, *scales, problem.num_pages)
     if schedule is None:
         return (ops.page_table, ops.seq_lens, *scales, problem.num_pages)

@@ -117,9 +117,11 @@ def test_gqa_stage1_inputs_take_q_by_pointer():
     from jax_decode.operands import DecodeOperands, hopper_stage1_inputs
 
     problem = _gqa()
+    config = _plan(problem)
+    assert config.hopper_gqa and config.hopper_q_pointer
     ops = DecodeOperands("q", "k", "v", "page_table", "seq_lens", "k_scale", "v_scale")
-    assert hopper_stage1_inputs(ops, problem) == ("q", "page_table", "seq_lens", "k_scale", "v_scale",
-                                                  problem.num_pages)  # fmt: skip
+    inputs = hopper_stage1_inputs(ops, problem, q_pointer=config.hopper_q_pointer)
+    assert inputs == ("q", "page_table", "seq_lens", "k_scale", "v_scale", problem.num_pages)
 
 
 # ----------------------------------------------------------------------------- compiling and lowering (CPU)

@@ -212,10 +212,11 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
 
 
 def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, schedule: bool | int = False,
-                          seesaw: bool = True, fp8: bool = False):  # fmt: skip
+                          seesaw: bool = True, fp8: bool = False, narrow: bool = False):  # fmt: skip
     """Plan the Gluon stage 1 (with ``schedule``, under the device-side schedule even
     where the planner would take one fixed split; without ``seesaw``, the two-warpgroup
-    kernel; with ``fp8``, over an e4m3 cache with scales), launch it through torch_bridge's
+    kernel; with ``fp8``, over an e4m3 cache with scales; with ``narrow``, the
+    narrow-group kernel at fixed splits), launch it through torch_bridge's
     launcher and through the JAX backend with that one config: against the float64
     oracle, and bit-identical to each other.  Returns the config."""
     import dataclasses
@@ -242,6 +243,8 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
                q_len=q_len or 1, token_axis=q_len is not None, **quantised)  # fmt: skip
     device = device_info(q.device)
     config = make_launch_config(mla, device, num_kv_splits, hopper_fp8=fp8)
+    if narrow:
+        config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0)
     if schedule:  # True: the planner's programs; a number: that many
         from jax_decode.launch.planner import hopper_mla_schedule_programs
 
@@ -324,6 +327,16 @@ def test_device_schedule_of_few_programs_matches_oracle_and_jax_equals_torch(num
     assert 2 <= sum(whole) < len(lengths)  # rows of one chunk and rows of several
     config = _check_planned_launch(num_heads, None, None, schedule=4, seesaw=seesaw)
     assert config.schedule_programs == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads, q_len", [(16, None), (8, None), (16, 2), (10, 3)])
+@pytest.mark.parametrize("num_kv_splits", [1, 3, None], ids=lambda s: f"splits={s}")
+def test_narrow_group_kernel_matches_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits):
+    """The narrow-group kernel (tokens as the MMAs' rows; 16 or 32 query rows, padding
+    included): one pass and fixed splits, several query tokens, on awkward lengths."""
+    config = _check_planned_launch(num_heads, q_len, num_kv_splits, narrow=True)
+    assert config.hopper_narrow and config.hopper_stage1(config.contiguous_strides()).kernel_name == "mla_hopper_narrow"
 
 
 @pytest.mark.gpu
@@ -506,6 +519,67 @@ def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
     assert hopper_mla_schedule_programs(big.problem, device) == H200["num_sms"] // 6  # a wave over six head blocks
 
 
+def test_narrow_group_launch():
+    """The narrow-group kernel's launch: one program per row and split, the MMAs' N the
+    rows padded to 16 or 32, q through a pointer; what it does not take is refused."""
+    import dataclasses
+
+    from jax_decode.launch.problem import SCALE_PER_TENSOR
+    from jax_decode.operands import DecodeOperands, hopper_stage1_inputs
+
+    for heads, q_len, rows in ((16, 1, 16), (8, 1, 16), (16, 2, 32), (10, 3, 32)):
+        problem = _mla(batch=6, num_heads=heads, q_len=q_len, token_axis=q_len > 1)
+        config = dataclasses.replace(_plan(problem, num_kv_splits=3), hopper_narrow=True)
+        assert config.hopper_q_pointer and not config.schedule_programs
+        launch = config.hopper_stage1(config.contiguous_strides())
+        meta = launch.meta()
+        assert launch.kernel_name == "mla_hopper_narrow" and launch.grid == (1, 6, 3) and launch.num_warps == 4
+        assert (meta["ROWS"], meta["Q_LEN"], meta["NUM_HEADS"]) == (rows, q_len, heads)
+        assert [view.block for view in launch.tma] == [(64, 256), (64, 64)]
+        assert [view.operand for view in launch.tma] == ["k_cache", "k_cache"]
+    ops = DecodeOperands("q", "k", None, "page_table", "seq_lens")
+    assert hopper_stage1_inputs(ops, problem, q_pointer=True)[:3] == ("q", "page_table", "seq_lens")
+    one_pass = dataclasses.replace(_plan(_mla(batch=6, num_heads=16), num_kv_splits=1), hopper_narrow=True)
+    assert dict(one_pass.hopper_stage1(one_pass.contiguous_strides()).param_types)["mid_o_ptr"] == "*bf16"
+    refused = (
+        (_plan(_mla(batch=6, num_heads=64), num_kv_splits=2), "at most 32 query rows"),
+        (_plan(_mla(batch=6, num_heads=16, q_len=3, token_axis=True), num_kv_splits=2), "at most 32 query rows"),
+        (_plan(_mla(batch=6, num_heads=16, kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR,
+                    v_scale=SCALE_PER_TENSOR), num_kv_splits=2, hopper_fp8=True), "bf16 cache"),
+        (_plan(_mla(batch=6, num_heads=16)), "fixed splits"),  # the planner's schedule
+    )  # fmt: skip
+    for config, message in refused:
+        assert config.hopper_mla
+        with pytest.raises(ValueError, match=message):
+            dataclasses.replace(config, hopper_narrow=True).hopper_stage1(config.contiguous_strides())
+
+
+def _check_narrow_compile(num_heads, q_len, num_kv_splits) -> None:
+    import dataclasses
+
+    from jax_decode.kernels.gluon_compile import compile_launch
+
+    problem = _mla(batch=3, num_heads=num_heads, max_pages=32, q_len=q_len, token_axis=q_len > 1)
+    config = dataclasses.replace(_plan(problem, num_kv_splits=num_kv_splits), hopper_narrow=True)
+    kernel = compile_launch(config.hopper_stage1(config.contiguous_strides()), 90)
+    ptx = kernel.asm["ptx"]
+    assert kernel.metadata.shared <= SM90_SHARED_LIMIT, kernel.metadata.shared
+    rows = 16 if q_len * num_heads <= 16 else 32
+    # Only the products the answer needs: 64 tokens x the padded rows, 36 for the scores
+    # (576 / 16) and 32 for P V (512 / 64 rows x 64 tokens / 16).
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{rows}k16.f32.bf16.bf16") == 36 + 32
+    assert "cp.async.bulk.tensor" in ptx and ".local" not in ptx
+    assert len(kernel.metadata.tensordesc_meta) == 2
+
+
+@pytest.mark.parametrize("num_heads, q_len, num_kv_splits", [(16, 1, 1), (16, 1, 3), (16, 2, 2), (10, 3, 1)])
+def test_narrow_launch_compiles_for_sm90(num_heads, q_len, num_kv_splits):
+    missing = _gluon_hopper_missing()
+    if missing:
+        pytest.skip(missing)
+    _run_isolated("_check_narrow_compile", num_heads, q_len, num_kv_splits)
+
+
 def test_gluon_constexprs_follow_the_kernel_parameters():
     """torch's launcher passes a Gluon launch's constexprs by position: the launch config
     must state them in the kernel's parameter order."""
@@ -526,6 +600,7 @@ def test_gluon_constexprs_follow_the_kernel_parameters():
             _plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True), device_schedule=False), hopper_seesaw=False
         ),
         dataclasses.replace(_plan(_mla(batch=4)), hopper_seesaw=False),
+        dataclasses.replace(_plan(_mla(batch=4, num_heads=16), device_schedule=False), hopper_narrow=True),
     ):
         launch = config.hopper_stage1(config.contiguous_strides())
         names = list(inspect.signature(gluon_kernel(launch.kernel_name).fn).parameters)

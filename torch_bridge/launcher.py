@@ -319,22 +319,23 @@ class DecodeRun:
         gluon = self.gluon is not None and not (direct and shares_memory)
         if gluon and _aligned(ops.q, ops.k_cache, ops.v_cache, ops.page_table, ops.seq_lens, out, lse):
             tensors = dict(q=ops.q, k_cache=ops.k_cache, v_cache=ops.v_cache)
+            q = config.hopper_q_pointer
             if self.scheduled:
                 if schedule is None:
                     schedule = launch_schedule(config, ops)
                 mid_o, mid_lse = _launch_scratch(self._scheduled_scratch, out)
                 written = (out, lse) if direct else ()
-                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule), mid_o, mid_lse, *written))
+                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, schedule, q), mid_o, mid_lse, *written))
                 self.merge((*operands.schedule_merge_inputs(ops, mid_o, mid_lse, schedule, out, lse), out, lse))
                 return
             if one_pass:
-                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), out, lse))
+                self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, None, q), out, lse))
                 return
             if not self.one_pass:  # (the one-pass launch cannot write partial results)
                 if mid_o is None:
                     mid_o, mid_lse = _launch_scratch(self._fixed_scratch, out)
                 if _aligned(mid_o, mid_lse):
-                    self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p), mid_o, mid_lse))
+                    self.gluon(tensors, (*operands.hopper_stage1_inputs(ops, p, None, q), mid_o, mid_lse))
                     self.stage2((*operands.stage2_inputs(ops, mid_o, mid_lse), out, lse))
                     return
         if self.fixed_one_pass and not shares_memory:

@@ -34,6 +34,10 @@ HOPPER_MLA_TILE = 64
 # their 60 KB of shared memory also allow).
 GQA_HOPPER_TILE = 64
 GQA_HOPPER_HEAD_DIM = 128
+# The narrow-group MLA stage 1 (jax_decode.kernels.mla_narrow): query rows per program
+# at most (its MMAs' N, 16 or 32) and its ring stages (two 72 KB K tiles).
+HOPPER_NARROW_MAX_ROWS = 32
+HOPPER_NARROW_STAGES = 2
 GQA_HOPPER_MAX_ROWS = 8
 GQA_HOPPER_STAGES = 3
 GQA_HOPPER_THREADS = 256
@@ -201,6 +205,10 @@ class LaunchConfig:
     # schedule); False: the two-warpgroup kernel, the benchmarks' and tests' baseline
     # (its schedule takes one query token).
     hopper_seesaw: bool = True
+    # With hopper_mla, a bf16 cache, fixed splits and at most HOPPER_NARROW_MAX_ROWS query
+    # rows (q_len x heads): the narrow-group kernel (jax_decode.kernels.mla_narrow, tokens
+    # as the MMAs' rows) instead.  Opt-in until it has been run and timed on a GPU.
+    hopper_narrow: bool = False
 
     @property
     def portable_scheduled(self) -> bool:
@@ -426,6 +434,8 @@ class LaunchConfig:
         one split ``out`` and ``lse`` themselves."""
         if self.hopper_gqa:
             return self._hopper_gqa_stage1(strides)
+        if self.hopper_narrow:
+            return self._hopper_narrow_stage1(strides)
         assert self.hopper_mla and self.tma_ready(strides)
         p = self.problem
         latent, rope = (HOPPER_MLA_ROWS, p.head_dim_v), (HOPPER_MLA_ROWS, p.head_dim_qk - p.head_dim_v)
@@ -495,6 +505,54 @@ class LaunchConfig:
         grid = (cdiv(p.q_len * p.num_heads, HOPPER_MLA_ROWS), p.batch, self.num_kv_splits)
         name, warps = ("mla_hopper_seesaw", 4) if seesaw else ("mla_hopper", 8)
         return KernelLaunch(name, grid, warps, 1, tuple(meta.items()), params, tma)
+
+    @property
+    def hopper_q_pointer(self) -> bool:
+        """The Gluon stage 1 reads q through a pointer (the GQA and narrow-group kernels),
+        not by TMA: :func:`jax_decode.operands.hopper_stage1_inputs` then passes it."""
+        return self.hopper_gqa or self.hopper_narrow
+
+    def _hopper_narrow_stage1(self, strides: KernelStrides) -> KernelLaunch:
+        """The narrow-group MLA stage 1 (``hopper_narrow``): one program per batch row x
+        split, writing stage 2's mid_o / mid_lse, or with one split ``out`` and ``lse``."""
+        p = self.problem
+        rows = p.q_len * p.num_heads
+        if not (self.hopper_mla and p.cache_dtype == "bfloat16" and rows <= HOPPER_NARROW_MAX_ROWS):
+            raise ValueError(
+                f"the narrow-group MLA kernel takes a bf16 cache and at most {HOPPER_NARROW_MAX_ROWS} query rows "
+                f"(q_len x heads), got {rows} over {p.cache_dtype}"
+            )
+        if self.schedule_programs:
+            raise ValueError("the narrow-group MLA kernel takes fixed splits, not the device-side schedule")
+        assert self.tma_ready(strides)
+        k_rows = p.num_pages * p.page_size
+        tma = (
+            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_v // 2)),
+            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_qk - p.head_dim_v)),
+        )
+        out_type = _POINTER[p.dtype] if self.one_pass else "*fp32"
+        params = (
+            ("k_desc", "tma"), ("kr_desc", "tma"), ("q_ptr", _POINTER[p.dtype]), ("page_table_ptr", "*i32"),
+            ("seq_lens_ptr", "*i32"), ("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"), ("num_pages", "i32"),
+            ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
+        )  # fmt: skip
+        meta = dict(
+            STRIDE_QB=strides.q[0],
+            STRIDE_QT=strides.tokens[0],
+            STRIDE_QH=strides.q[1],
+            STRIDE_PTB=strides.page_table,
+            **_stage1_out_strides(strides, final=self.one_pass),
+            SM_SCALE=float(p.sm_scale),
+            NUM_HEADS=p.num_heads,
+            Q_LEN=p.q_len,
+            PAGE_SIZE=p.page_size,
+            CAPACITY=p.capacity,
+            NUM_KV_SPLITS=self.num_kv_splits,
+            ROWS=16 if rows <= 16 else 32,
+            NUM_STAGES=HOPPER_NARROW_STAGES,
+        )
+        return KernelLaunch("mla_hopper_narrow", (1, p.batch, self.num_kv_splits), 4, 1, tuple(meta.items()), params,
+                            tma)  # fmt: skip
 
     def _hopper_gqa_stage1(self, strides: KernelStrides) -> KernelLaunch:
         """The Gluon fp8 GQA stage 1 (``hopper_gqa`` configs, caches ``tma_ready``): one

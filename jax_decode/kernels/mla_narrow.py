@@ -1,0 +1,311 @@
+"""Stage 1 of MLA decode (576/512, bf16 cache) for few query rows per latent head, on
+Hopper (sm_90), in Gluon: the tokens are the MMAs' rows ("swap AB").
+
+Imports only ``triton``.  Dimension names as in :mod:`jax_decode.kernels.decode`.
+
+Why: a warpgroup MMA has 64 rows.  The seesaw kernels (:mod:`jax_decode.kernels.mla_hopper`)
+put the query rows there, so with 16 heads (DeepSeek-V3 under 8-way tensor
+parallelism) 48 of a program's 64 rows are padding: four times the products the
+answer needs.  The rows are then bound by the tensor cores, not by the bytes of the
+latent.  Here the 64 tokens of a K tile are the MMAs' rows and the (query token,
+head) rows their N (16 or 32 columns), so the products are those the answer needs:
+
+* S^T [64 tokens, ROWS] = K Q^T: A is the K tile as it lands (K-major), B is Q^T
+  (Q's rows in shared memory, K-major), over the tile's three parts (rope, latent
+  halves);
+* the online softmax runs down each column (a query row) over the tile's tokens;
+* O^T [512, ROWS] += V^T P^T: A is the tile's latent halves read transposed (V is the
+  latent, its tokens the product's K; a 16-bit operand may be read either way), B is
+  P^T from shared memory.  O^T is two [256, ROWS] accumulators.
+
+One program = all query rows (``Q_LEN * num_heads``, at most ``ROWS``) of one KV split
+of one batch row; grid ``(1, batch, NUM_KV_SPLITS)``.  A producer warp copies the
+tiles into a ring of ``NUM_STAGES`` stages by TMA (the seesaw's descriptors: latent
+halves [64, 256] and the rope part [64, 64] of the cache viewed as ``[num_pages *
+page_size, 576]``); one consumer warpgroup computes, and releases a stage once its
+P V has retired.  Q (read once) is loaded through a pointer, so only the cache needs
+TMA-addressable rows.
+
+Output: what ``_decode_stage1`` writes with fixed splits, so ``_decode_stage2`` merges
+it: ``mid_o`` f32 ``[batch, (Q_LEN,) num_heads, num_kv_splits, 512]`` normalised per
+split, ``mid_lse`` f32 ``[batch, (Q_LEN,) num_heads, num_kv_splits]`` (natural log); a
+split (or a row of it) with no valid token writes zeros and ``-inf``.  With one split
+it writes ``out`` (cast to its dtype) and ``lse`` themselves, as the seesaw does.
+Splits are the seesaw's: whole 64-token tiles (``split_bounds`` with ``BLOCK_N = 64``).
+
+Several query tokens (``Q_LEN > 1``): rows are (query token, head) pairs, token-major
+as q lays them out, each masked to its causal limit ``seq_len - Q_LEN + token + 1``.
+
+Safety rules as in :mod:`jax_decode.kernels.common`: ``seq_len`` clamped to ``[0,
+CAPACITY]``; a page-table entry is read only for a tile holding a token before
+``end``; a page id outside ``[0, num_pages)`` is copied from page 0 and its tokens
+masked; the latent rows of a tile past ``end`` or on a bad page are zeroed in shared
+memory before they meet P, so NaN in unused slots cannot leak through ``0 * NaN``.
+TMA coordinates are 32-bit (caches of up to 2**31 token rows); batch indices are
+widened to int64 before they multiply strides.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from jax_decode.kernels.mla_hopper import ROPE_COL, _cta_barrier, _row_offsets, _tma_load, _zero_invalid_rows
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+BLOCK_N = gl.constexpr(64)  # tokens per tile: the MMAs' M
+HALF = gl.constexpr(256)  # latent columns per TMA box
+# Registers a thread of the producer warp keeps (Triton pads it to a warpgroup); the
+# consumer warpgroup takes the rest.
+PRODUCER_REGISTERS = gl.constexpr(24)
+
+
+@gluon.jit
+def _split_of(seq_lens_ptr, CAPACITY: gl.constexpr, NUM_KV_SPLITS: gl.constexpr):
+    """This program's batch row (int64), its clamped length, the ``[start, end)`` of its
+    split (whole 64-token tiles) and the split's tile count."""
+    batch_idx = gl.program_id(1).to(gl.int64)
+    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
+    per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
+    start = gl.program_id(2) * per_split
+    end = gl.minimum(start + per_split, seq_len)
+    return batch_idx, seq_len, start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+
+@gluon.jit
+def _tile_row(page_row_ptr, tile_start, num_pages, PAGE_SIZE: gl.constexpr):
+    """TMA row of a tile's first token (page 0 where the page id is invalid) and whether
+    its page is valid (a tile lies inside one page)."""
+    page = gl.load(page_row_ptr + tile_start // PAGE_SIZE)
+    ok = (page >= 0) & (page < num_pages)
+    return gl.where(ok, page, 0) * PAGE_SIZE + tile_start % PAGE_SIZE, ok
+
+
+@gluon.jit
+def _producer(args, consts: gl.constexpr):
+    """One warp: the TMA copies of the split's tiles into the ring, each stage once the
+    consumer has released it."""
+    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, num_pages, mid_o_ptr, mid_lse_ptr, k_l, k_r, k_e, full,
+     empty, q_l, q_r, q_e, p_smem) = args  # fmt: skip
+    STRIDE_PTB: gl.constexpr = consts[3]
+    PAGE_SIZE: gl.constexpr = consts[15]
+    CAPACITY: gl.constexpr = consts[16]
+    NUM_KV_SPLITS: gl.constexpr = consts[17]
+    NUM_STAGES: gl.constexpr = consts[19]
+    batch_idx, _seq_len, start, end, num_tiles = _split_of(seq_lens_ptr, CAPACITY, NUM_KV_SPLITS)
+    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+    for i in range(num_tiles):
+        stage = i % NUM_STAGES
+        # The consumer's release of this stage's previous tile.
+        mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1, pred=i >= NUM_STAGES)
+        row, _page_ok = _tile_row(page_row_ptr, start + i * BLOCK_N, num_pages, PAGE_SIZE)
+        bar = full.index(stage)
+        mbarrier.expect(bar, 2 * k_desc.block_type.nbytes + kr_desc.block_type.nbytes)
+        _tma_load(kr_desc, [row, ROPE_COL], bar, k_e.index(stage))
+        _tma_load(k_desc, [row, 0], bar, k_l.index(stage))
+        _tma_load(k_desc, [row, HALF], bar, k_r.index(stage))
+
+
+@gluon.jit
+def _store_q_part(q_ptr, q_rows, part, col: gl.constexpr, R: gl.constexpr, layout: gl.constexpr):
+    """Q's columns ``[col, col + part's width)`` of the program's rows into ``part``
+    (rows from R on: zeros)."""
+    ROWS: gl.constexpr = part.shape[0]
+    WIDTH: gl.constexpr = part.shape[1]
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = col + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    offsets = gl.convert_layout(q_rows, gl.SliceLayout(1, layout))
+    q = gl.load(q_ptr + offsets[:, None] + cols[None, :], mask=(rows < R)[:, None], other=0.0)
+    part.store(q.to(part.dtype))
+
+
+@gluon.jit
+def _consumer(args, consts: gl.constexpr):
+    """One warpgroup: per tile S^T = K Q^T, the online softmax down each column,
+    O^T += V^T P^T."""
+    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, num_pages, mid_o_ptr, mid_lse_ptr, k_l, k_r, k_e, full,
+     empty, q_l, q_r, q_e, p_smem) = args  # fmt: skip
+    STRIDE_QB: gl.constexpr = consts[0]
+    STRIDE_QT: gl.constexpr = consts[1]
+    STRIDE_QH: gl.constexpr = consts[2]
+    STRIDE_PTB: gl.constexpr = consts[3]
+    STRIDE_MOB: gl.constexpr = consts[4]
+    STRIDE_MOT: gl.constexpr = consts[5]
+    STRIDE_MOH: gl.constexpr = consts[6]
+    STRIDE_MOS: gl.constexpr = consts[7]
+    STRIDE_MLB: gl.constexpr = consts[8]
+    STRIDE_MLT: gl.constexpr = consts[9]
+    STRIDE_MLH: gl.constexpr = consts[10]
+    STRIDE_MLS: gl.constexpr = consts[11]
+    SM_SCALE: gl.constexpr = consts[12]
+    NUM_HEADS: gl.constexpr = consts[13]
+    Q_LEN: gl.constexpr = consts[14]
+    PAGE_SIZE: gl.constexpr = consts[15]
+    CAPACITY: gl.constexpr = consts[16]
+    NUM_KV_SPLITS: gl.constexpr = consts[17]
+    NUM_STAGES: gl.constexpr = consts[19]
+    ROWS: gl.constexpr = q_l.shape[0]
+    R: gl.constexpr = Q_LEN * NUM_HEADS
+
+    batch_idx, seq_len, start, end, num_tiles = _split_of(seq_lens_ptr, CAPACITY, NUM_KV_SPLITS)
+    split_idx = gl.program_id(2)
+    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+
+    # S^T [64 tokens, ROWS] and O^T's halves [256, ROWS]: warpgroup-MMA accumulators (for
+    # O^T the warps' 64 rows repeat).
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, ROWS, 16])  # fmt: skip
+    tokens_of_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_of_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+
+    # Q's rows (token, head), token-major, into shared memory once.
+    rows = gl.arange(0, ROWS, layout=rows_of_s)
+    q_rows = batch_idx * STRIDE_QB + _row_offsets(rows.to(gl.int64), STRIDE_QT, STRIDE_QH, NUM_HEADS, Q_LEN)
+    _store_q_part(q_ptr, q_rows, q_l, 0, R, load_layout)
+    _store_q_part(q_ptr, q_rows, q_r, HALF, R, load_layout)
+    _store_q_part(q_ptr, q_rows, q_e, ROPE_COL, R, load_layout)
+    fence_async_shared()
+    _cta_barrier()
+
+    # Where each row's positions end: ``end``, or its causal limit among the new tokens.
+    if Q_LEN > 1:
+        limit = gl.minimum(seq_len - Q_LEN + rows // NUM_HEADS + 1, end)
+    else:
+        limit = gl.full([ROWS], 0, gl.int32, layout=rows_of_s) + end
+    qk_scale = SM_SCALE * LOG2E
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=rows_of_s)
+    # Column sums are kept per element and reduced once at the end: no cross-warp sum per tile.
+    l_acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=s_layout)
+    acc_l = gl.zeros([HALF, ROWS], gl.float32, layout=s_layout)
+    acc_r = gl.zeros([HALF, ROWS], gl.float32, layout=s_layout)
+    s_zero = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=s_layout)
+    offs_t = gl.arange(0, BLOCK_N, layout=tokens_of_s)
+    for i in range(num_tiles):
+        stage = i % NUM_STAGES
+        tile_start = start + i * BLOCK_N
+        _row, ok = _tile_row(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
+        mbarrier.wait(full.index(stage), (i // NUM_STAGES) & 1)
+        lat_l = k_l.index(stage)
+        lat_r = k_r.index(stage)
+        if (tile_start + BLOCK_N > end) | (~ok):
+            # The latent rows past the end (all, for a bad page) meet P as V: zero them.
+            _zero_invalid_rows(lat_l, tile_start, end, ok, load_layout)
+            _zero_invalid_rows(lat_r, tile_start, end, ok, load_layout)
+            fence_async_shared()
+            _cta_barrier()
+        s = warpgroup_mma(k_e.index(stage), q_e.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(lat_l, q_l.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(lat_r, q_r.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+
+        # Online softmax down each column (a query row) over the tile's tokens.
+        pos = tile_start + offs_t
+        valid = ((pos < end) & ok)[:, None] & (pos[:, None] < limit[None, :])
+        s = gl.where(valid, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[None, :])
+        l_acc = l_acc * alpha[None, :] + p
+        m_i = m_new
+        p_smem.store(gl.permute(p.to(gl.bfloat16), (1, 0)))
+        fence_async_shared()
+        _cta_barrier()
+        acc_l = acc_l * alpha[None, :]
+        acc_r = acc_r * alpha[None, :]
+        acc_l = warpgroup_mma(lat_l.permute((1, 0)), p_smem.permute((1, 0)), acc_l, is_async=True)
+        acc_r = warpgroup_mma(lat_r.permute((1, 0)), p_smem.permute((1, 0)), acc_r, is_async=True)
+        acc_l, acc_r = warpgroup_mma_wait(0, deps=(acc_l, acc_r))
+        # Every warp's products are done with the stage and with P before either is rewritten.
+        _cta_barrier()
+        mbarrier.arrive(empty.index(stage))
+
+    l_i = gl.sum(l_acc, 0)
+    has_tokens = l_i > 0
+    l_safe = gl.where(has_tokens, l_i, 1.0)
+    lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+    inverse = 1.0 / l_safe
+    dims = gl.arange(0, HALF, layout=tokens_of_s)
+    o_rows = batch_idx * STRIDE_MOB + split_idx * STRIDE_MOS + _row_offsets(rows.to(gl.int64), STRIDE_MOT, STRIDE_MOH,
+                                                                            NUM_HEADS, Q_LEN)  # fmt: skip
+    o_ptrs = mid_o_ptr + o_rows[None, :] + dims[:, None]
+    real = (rows < R)[None, :]
+    out_type: gl.constexpr = mid_o_ptr.dtype.element_ty
+    gl.store(o_ptrs, (acc_l * inverse[None, :]).to(out_type), mask=real)
+    gl.store(o_ptrs + HALF, (acc_r * inverse[None, :]).to(out_type), mask=real)
+    lse_rows = batch_idx * STRIDE_MLB + split_idx * STRIDE_MLS + _row_offsets(rows, STRIDE_MLT, STRIDE_MLH, NUM_HEADS,
+                                                                              Q_LEN)  # fmt: skip
+    gl.store(mid_lse_ptr + lse_rows, lse, mask=rows < R)
+
+
+@gluon.jit
+def _mla_stage1_hopper_narrow(
+    k_desc,  # TMA over the cache as [num_pages * page_size, 576] bf16, block [64, 256] (latent halves)
+    kr_desc,  # the same, block [64, 64] (the rope part, at column 512)
+    q_ptr,  # bf16 [batch, (Q_LEN,) num_heads, 576]
+    page_table_ptr,  # int32 [batch, max_pages]
+    seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # (a bf16 cache has no scales: never read)
+    v_scale_ptr,
+    num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
+    mid_o_ptr,  # f32 [batch, (Q_LEN,) num_heads, num_kv_splits, 512] (or the final out)
+    mid_lse_ptr,  # f32 [batch, (Q_LEN,) num_heads, num_kv_splits] (or the final lse)
+    STRIDE_QB: gl.constexpr,
+    STRIDE_QT: gl.constexpr,
+    STRIDE_QH: gl.constexpr,
+    STRIDE_PTB: gl.constexpr,
+    STRIDE_MOB: gl.constexpr,
+    STRIDE_MOT: gl.constexpr,
+    STRIDE_MOH: gl.constexpr,
+    STRIDE_MOS: gl.constexpr,
+    STRIDE_MLB: gl.constexpr,
+    STRIDE_MLT: gl.constexpr,
+    STRIDE_MLH: gl.constexpr,
+    STRIDE_MLS: gl.constexpr,
+    SM_SCALE: gl.constexpr,
+    NUM_HEADS: gl.constexpr,
+    Q_LEN: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,  # a multiple of 64
+    CAPACITY: gl.constexpr,
+    NUM_KV_SPLITS: gl.constexpr,
+    ROWS: gl.constexpr,  # the MMAs' N: Q_LEN * NUM_HEADS padded to 16 or 32
+    NUM_STAGES: gl.constexpr,
+):
+    """Launch with num_warps=4, grid ``(1, batch, NUM_KV_SPLITS)`` (the module docstring)."""
+    gl.static_assert(gl.num_warps() == 4, "one consumer warpgroup")
+    gl.static_assert(k_desc.block_type.shape[0] == BLOCK_N and k_desc.block_type.shape[1] == HALF, "latent halves")
+    gl.static_assert(kr_desc.block_type.shape[1] == 64, "the rope part")
+    gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "a K tile must lie inside one page")
+    gl.static_assert(ROWS == 16 or ROWS == 32, "16 or 32 MMA columns")
+    gl.static_assert(Q_LEN * NUM_HEADS <= ROWS, "ROWS holds the program's query rows")
+    half_layout: gl.constexpr = k_desc.layout
+    rope_layout: gl.constexpr = kr_desc.layout
+    k_l = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, HALF], half_layout)
+    k_r = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, HALF], half_layout)
+    k_e = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 64], rope_layout)
+    full = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], gl.bfloat16)
+    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, 64], gl.bfloat16)
+    q_l = gl.allocate_shared_memory(gl.bfloat16, [ROWS, HALF], q_half_layout)
+    q_r = gl.allocate_shared_memory(gl.bfloat16, [ROWS, HALF], q_half_layout)
+    q_e = gl.allocate_shared_memory(gl.bfloat16, [ROWS, 64], q_rope_layout)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, BLOCK_N], q_rope_layout)
+    for st in gl.static_range(NUM_STAGES):
+        mbarrier.init(full.index(st), count=1)
+        mbarrier.init(empty.index(st), count=1)
+    fence_async_shared()
+    args = (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, num_pages, mid_o_ptr, mid_lse_ptr, k_l, k_r, k_e,
+            full, empty, q_l, q_r, q_e, p_smem)  # fmt: skip
+    consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH,
+                            STRIDE_MOS, STRIDE_MLB, STRIDE_MLT, STRIDE_MLH, STRIDE_MLS, SM_SCALE, NUM_HEADS, Q_LEN,
+                            PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, ROWS, NUM_STAGES)  # fmt: skip
+    gl.warp_specialize([(_consumer, (args, consts)), (_producer, (args, consts))], [1], [PRODUCER_REGISTERS])
