@@ -17,10 +17,11 @@ documented semantics for these inputs.
 
 ``--hopper`` (an sm_90 GPU): the Gluon stage 1s instead -- bf16 MLA with 64-token
 pages at 16 and 128 heads, fixed splits, one pass, the device-side schedule and
-(token, head) rows, an e4m3 latent with scales, and fp8 GQA (``hopper_fp8``) -- with
-the same adversarial inputs.  Its barriers are placed by
-hand, so run it under racecheck and synccheck too (``TOOL=racecheck
-scripts/sanitize.sh --hopper``); ``--hopper --fp8`` runs the fp8 kernels only.
+(token, head) rows, an e4m3 latent with scales, fp8 GQA (``hopper_fp8``) and the
+narrow-group MLA kernel (``hopper_narrow``) -- with the same adversarial inputs.  Their
+barriers are placed by hand, so run it under racecheck and synccheck too
+(``TOOL=racecheck scripts/sanitize.sh --hopper``); ``--hopper --fp8`` runs the fp8
+kernels only, ``--hopper --narrow`` the narrow-group kernel only.
 """
 
 from __future__ import annotations
@@ -109,10 +110,12 @@ def run_case(case: Case, variant: str, views: bool) -> None:
     np.testing.assert_allclose(lse.cpu().numpy(), expected_lse, **LSE_TOLERANCE)
 
 
-def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 0, **plan_options) -> None:
+def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 0, narrow: bool = False,
+                **plan_options) -> None:  # fmt: skip
     """``run_case`` through torch_bridge's launcher with a config planned with
     ``plan_options`` of ``make_launch_config`` (which the frontends do not pass);
-    ``schedule_programs``: that many programs under the device-side schedule instead."""
+    ``schedule_programs``: that many programs under the device-side schedule instead;
+    ``narrow``: the Gluon MLA narrow-group kernel (``LaunchConfig.hopper_narrow``)."""
     from jax_decode.launch import make_launch_config
     from jax_decode.operands import DecodeOperands
     from jax_decode.prepare import DecodeOptions, prepare_decode
@@ -131,6 +134,8 @@ def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 
     config = make_launch_config(decode, device_info(q.device), case.num_kv_splits, **plan_options)
     if schedule_programs:
         config = dataclasses.replace(config, schedule_programs=schedule_programs)
+    if narrow:
+        config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0)
     out = torch.empty(decode.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(decode.lse_shape, dtype=torch.float32, device=q.device)
     launch_decode(config, ops, None, None, out, lse)
@@ -177,8 +182,15 @@ def hopper_main() -> None:
     for changes in (dict(num_kv_splits=None), dict(num_kv_splits=1), dict(num_kv_splits=3, page_size=64, max_pages=3),
                     dict(num_heads=8, num_kv_heads=1, num_kv_splits=2)):  # fmt: skip
         cases.append((dataclasses.replace(gqa, **changes), dict(hopper_fp8=True)))
+    # The narrow-group MLA kernel (hopper_narrow): one pass, splits, (token, head) rows
+    # of two and three tokens (30 of its 32 columns).
+    for changes in (dict(num_kv_splits=1), dict(num_kv_splits=3), dict(q_len=2, num_kv_splits=2),
+                    dict(num_heads=10, q_len=3, num_kv_splits=None)):  # fmt: skip
+        cases.append((dataclasses.replace(base, **changes), dict(narrow=True, hopper_multi_token=True)))
     if "--fp8" in sys.argv:  # the fp8 Gluon kernels only
         cases = [(case, options) for case, options in cases if options.get("hopper_fp8")]
+    if "--narrow" in sys.argv:  # the narrow-group kernel only
+        cases = [(case, options) for case, options in cases if options.get("narrow")]
     variants = ["valid", "bad_page_ids", "bad_lengths", "narrow_page_table", "nan_inf"]
     runs = 0
     for case, plan_options in cases:
