@@ -10,8 +10,8 @@ which of them the time is in, which ``benchmarks.bench``'s totals do not.
 and ``hopper_multi_token=False`` (the frontends' plan, as it was before those were
 measured), ``--portable-schedule`` with ``portable_schedule=True``, ``--two-warpgroups``
 runs the Gluon MLA stage 1's two-warpgroup kernel where
-the plan has the seesaw, ``--narrow`` its narrow-group kernel (fixed splits: with
-``--splits``, or the planner's count), ``--schedule-programs N ...`` the device-side schedule with N
+the plan has the seesaw, ``--narrow`` its narrow-group kernels (the plan's schedule,
+or fixed splits with ``--splits`` or ``--fixed-splits``), ``--schedule-programs N ...`` the device-side schedule with N
 programs per head block (rows whose plan has none are refused, but for the Gluon MLA
 seesaw, which takes it for several query tokens too); these launch through
 torch_bridge's launcher.
@@ -32,7 +32,7 @@ _FRONTEND_PLAN = dict(device_schedule=True, hopper_multi_token=True, portable_sc
 def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw: bool = True,
                  schedule_programs: int | None = None, narrow: bool = False, **plan_options):  # fmt: skip
     """Mean device microseconds per call of each kernel one call of ``row`` launches
-    (``narrow``: the Gluon MLA narrow-group kernel, at fixed splits)."""
+    (``narrow``: the Gluon MLA narrow-group kernels, under the plan's schedule or splits)."""
     import dataclasses
 
     import torch
@@ -59,7 +59,7 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
         if narrow:
             if not config.hopper_mla:
                 raise ValueError(f"{row.label}: its plan has no Gluon MLA stage 1 for the narrow-group kernel")
-            config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0)
+            config = dataclasses.replace(config, hopper_narrow=True)
         if schedule_programs is not None:
             # (The Gluon MLA seesaw runs the schedule for any q_len, planned or not.)
             if not config.schedule_programs and not (config.hopper_mla and seesaw):
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--narrow",
         action="store_true",
-        help="the Gluon MLA narrow-group kernel (tokens as the MMAs' rows; fixed splits)",
+        help="the Gluon MLA narrow-group kernels (tokens as the MMAs' rows)",
     )
     parser.add_argument(
         "--hopper-fp8", action="store_true", help="fp8 rows on the Gluon kernels (MLA seesaw, GQA stage 1: hopper_fp8)"

@@ -83,7 +83,9 @@ def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=N
     schedule's (for a config with ``schedule_programs``)."""
     scales = _scale_inputs(ops, problem)
     if q_pointer:
-        return (ops.q, ops.page_table, ops.seq_lens, *scales, problem.num_pages)
+        if schedule is None:
+            return (ops.q, ops.page_table, ops.seq_lens, *scales, problem.num_pages)
+        return (ops.q, ops.page_table, ops.seq_lens, *scales, schedule, problem.num_pages, problem.batch)
     if schedule is None:
         return (ops.page_table, ops.seq_lens, *scales, problem.num_pages)
     return (ops.page_table, ops.seq_lens, *scales, schedule, problem.num_pages, problem.batch)

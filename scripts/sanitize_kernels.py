@@ -132,10 +132,10 @@ def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 
     given = DecodeOperands(q, k, v, pt, sl, extras.get("k_scale"), extras.get("v_scale"), extras.get("sinks"))
     decode, ops = prepare_decode(given, DecodeOptions(head_dim_v, None, case.logit_cap, case.window_left), TORCH)
     config = make_launch_config(decode, device_info(q.device), case.num_kv_splits, **plan_options)
+    if narrow:  # (fixed splits, unless schedule_programs)
+        config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0)
     if schedule_programs:
         config = dataclasses.replace(config, schedule_programs=schedule_programs)
-    if narrow:
-        config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0)
     out = torch.empty(decode.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(decode.lse_shape, dtype=torch.float32, device=q.device)
     launch_decode(config, ops, None, None, out, lse)
@@ -182,11 +182,15 @@ def hopper_main() -> None:
     for changes in (dict(num_kv_splits=None), dict(num_kv_splits=1), dict(num_kv_splits=3, page_size=64, max_pages=3),
                     dict(num_heads=8, num_kv_heads=1, num_kv_splits=2)):  # fmt: skip
         cases.append((dataclasses.replace(gqa, **changes), dict(hopper_fp8=True)))
-    # The narrow-group MLA kernel (hopper_narrow): one pass, splits, (token, head) rows
-    # of two and three tokens (30 of its 32 columns).
+    # The narrow-group MLA kernels (hopper_narrow): one pass, splits, (token, head) rows
+    # of two and three tokens (30 of its 32 columns), and the device-side schedule (four
+    # programs: rows of one chunk and rows of several).
     for changes in (dict(num_kv_splits=1), dict(num_kv_splits=3), dict(q_len=2, num_kv_splits=2),
                     dict(num_heads=10, q_len=3, num_kv_splits=None)):  # fmt: skip
         cases.append((dataclasses.replace(base, **changes), dict(narrow=True, hopper_multi_token=True)))
+    for changes in (dict(num_kv_splits=None), dict(q_len=2, num_kv_splits=None)):
+        options = dict(narrow=True, hopper_multi_token=True, schedule_programs=4)
+        cases.append((dataclasses.replace(base, **changes), options))
     if "--fp8" in sys.argv:  # the fp8 Gluon kernels only
         cases = [(case, options) for case, options in cases if options.get("hopper_fp8")]
     if "--narrow" in sys.argv:  # the narrow-group kernel only

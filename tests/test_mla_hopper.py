@@ -331,12 +331,14 @@ def test_device_schedule_of_few_programs_matches_oracle_and_jax_equals_torch(num
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_heads, q_len", [(16, None), (8, None), (16, 2), (10, 3)])
-@pytest.mark.parametrize("num_kv_splits", [1, 3, None], ids=lambda s: f"splits={s}")
-def test_narrow_group_kernel_matches_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits):
-    """The narrow-group kernel (tokens as the MMAs' rows; 16 or 32 query rows, padding
-    included): one pass and fixed splits, several query tokens, on awkward lengths."""
-    config = _check_planned_launch(num_heads, q_len, num_kv_splits, narrow=True)
-    assert config.hopper_narrow and config.hopper_stage1(config.contiguous_strides()).kernel_name == "mla_hopper_narrow"
+@pytest.mark.parametrize("num_kv_splits, schedule", [(1, False), (3, False), (None, False), (None, True), (None, 4)])
+def test_narrow_group_kernel_matches_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits, schedule):
+    """The narrow-group kernels (tokens as the MMAs' rows; 16 or 32 query rows, padding
+    included): one pass, fixed splits and the device-side schedule (a wave of programs;
+    four, so that rows of one chunk go to out), several query tokens, on awkward lengths."""
+    config = _check_planned_launch(num_heads, q_len, num_kv_splits, schedule=schedule, narrow=True)
+    name = config.hopper_stage1(config.contiguous_strides()).kernel_name
+    assert config.hopper_narrow and name == ("mla_hopper_narrow_scheduled" if schedule else "mla_hopper_narrow")
 
 
 @pytest.mark.gpu
@@ -546,22 +548,38 @@ def test_narrow_group_launch():
         (_plan(_mla(batch=6, num_heads=16, q_len=3, token_axis=True), num_kv_splits=2), "at most 32 query rows"),
         (_plan(_mla(batch=6, num_heads=16, kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR,
                     v_scale=SCALE_PER_TENSOR), num_kv_splits=2, hopper_fp8=True), "bf16 cache"),
-        (_plan(_mla(batch=6, num_heads=16)), "fixed splits"),  # the planner's schedule
     )  # fmt: skip
     for config, message in refused:
         assert config.hopper_mla
         with pytest.raises(ValueError, match=message):
             dataclasses.replace(config, hopper_narrow=True).hopper_stage1(config.contiguous_strides())
+    # Under the device-side schedule: a wave of programs, the rows of one chunk to out.
+    scheduled = dataclasses.replace(_plan(_mla(batch=6, num_heads=16, q_len=2, token_axis=True)), hopper_narrow=True)
+    scheduled = dataclasses.replace(scheduled, schedule_programs=132)
+    assert scheduled.scheduled_rows_direct
+    assert scheduled.schedule_merge(scheduled.contiguous_strides()).meta()["SKIP_WHOLE"]
+    launch = scheduled.hopper_stage1(scheduled.contiguous_strides())
+    assert launch.kernel_name == "mla_hopper_narrow_scheduled" and launch.grid == (1, 132, 1)
+    assert (launch.meta()["ROWS"], launch.meta()["NUM_PROGRAMS"], launch.meta()["STRIDE_OT"]) == (32, 132, 16 * 512)
+    assert [name for name, _ in launch.param_types][-4:] == ["mid_o_ptr", "mid_lse_ptr", "out_ptr", "lse_ptr"]
+    inputs = hopper_stage1_inputs(ops, scheduled.problem, "schedule", q_pointer=True)
+    assert inputs == ("q", "page_table", "seq_lens", "seq_lens", "seq_lens", "schedule", scheduled.problem.num_pages, 6)
 
 
 def _check_narrow_compile(num_heads, q_len, num_kv_splits) -> None:
+    """``num_kv_splits`` None: under the device-side schedule."""
     import dataclasses
 
     from jax_decode.kernels.gluon_compile import compile_launch
+    from jax_decode.launch.planner import hopper_mla_schedule_programs
 
     problem = _mla(batch=3, num_heads=num_heads, max_pages=32, q_len=q_len, token_axis=q_len > 1)
-    config = dataclasses.replace(_plan(problem, num_kv_splits=num_kv_splits), hopper_narrow=True)
-    kernel = compile_launch(config.hopper_stage1(config.contiguous_strides()), 90)
+    config = dataclasses.replace(_plan(problem, num_kv_splits=num_kv_splits or 2), hopper_narrow=True)
+    if num_kv_splits is None:
+        config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(problem, config.device))
+    launch = config.hopper_stage1(config.contiguous_strides())
+    assert launch.kernel_name == ("mla_hopper_narrow_scheduled" if num_kv_splits is None else "mla_hopper_narrow")
+    kernel = compile_launch(launch, 90)
     ptx = kernel.asm["ptx"]
     assert kernel.metadata.shared <= SM90_SHARED_LIMIT, kernel.metadata.shared
     rows = 16 if q_len * num_heads <= 16 else 32
@@ -572,7 +590,9 @@ def _check_narrow_compile(num_heads, q_len, num_kv_splits) -> None:
     assert len(kernel.metadata.tensordesc_meta) == 2
 
 
-@pytest.mark.parametrize("num_heads, q_len, num_kv_splits", [(16, 1, 1), (16, 1, 3), (16, 2, 2), (10, 3, 1)])
+@pytest.mark.parametrize(
+    "num_heads, q_len, num_kv_splits", [(16, 1, 1), (16, 1, 3), (16, 2, 2), (10, 3, 1), (16, 1, None), (10, 3, None)]
+)
 def test_narrow_launch_compiles_for_sm90(num_heads, q_len, num_kv_splits):
     missing = _gluon_hopper_missing()
     if missing:
@@ -601,6 +621,7 @@ def test_gluon_constexprs_follow_the_kernel_parameters():
         ),
         dataclasses.replace(_plan(_mla(batch=4)), hopper_seesaw=False),
         dataclasses.replace(_plan(_mla(batch=4, num_heads=16), device_schedule=False), hopper_narrow=True),
+        dataclasses.replace(_plan(_mla(batch=4, num_heads=16)), hopper_narrow=True),  # (the schedule)
     ):
         launch = config.hopper_stage1(config.contiguous_strides())
         names = list(inspect.signature(gluon_kernel(launch.kernel_name).fn).parameters)

@@ -292,8 +292,8 @@ class DecodeRun:
         )
         if self.scheduled:
             self.merge = StageLauncher(config.schedule_merge(strides), pinned=True)
-        # The seesaw's scheduled stage 1 writes the rows of one chunk to out itself.
-        self.direct = self.gluon is not None and self.scheduled and config.hopper_seesaw
+        # The seesaw's and narrow-group scheduled stage 1 write the rows of one chunk to out themselves.
+        self.direct = self.gluon is not None and self.scheduled and config.scheduled_rows_direct
 
     def __call__(self, ops: operands.DecodeOperands, mid_o, mid_lse, out, lse, out_given: bool = True,
                  schedule: torch.Tensor | None = None) -> None:  # fmt: skip

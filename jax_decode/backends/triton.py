@@ -189,7 +189,7 @@ def decode_attention(ops: operands.DecodeOperands, config: LaunchConfig):
         arrays = dict(q=ops.q, k_cache=ops.k_cache, v_cache=ops.v_cache)
         descriptors = tuple(arrays[view.operand] for view in launch.tma)
         inputs = (*descriptors, *operands.hopper_stage1_inputs(ops, p, schedule, config.hopper_q_pointer))
-        if schedule is not None and config.hopper_seesaw:
+        if schedule is not None and config.scheduled_rows_direct:
             # The seesaw writes the rows of one chunk itself; the merge writes the others
             # into the same out and lse.
             mid_o, mid_lse, out, lse = gluon_call(*inputs, launch=launch, out_types=(*mid_types, *out_types),

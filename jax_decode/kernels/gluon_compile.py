@@ -22,6 +22,7 @@ GLUON_KERNELS = {
     "mla_hopper_seesaw": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_seesaw"),
     "mla_hopper_seesaw_scheduled": ("jax_decode.kernels.mla_hopper", "_mla_stage1_hopper_seesaw_scheduled"),
     "mla_hopper_narrow": ("jax_decode.kernels.mla_narrow", "_mla_stage1_hopper_narrow"),
+    "mla_hopper_narrow_scheduled": ("jax_decode.kernels.mla_narrow", "_mla_stage1_hopper_narrow_scheduled"),
     "gqa_hopper_fp8": ("jax_decode.kernels.gqa_hopper", "_gqa_stage1_hopper_fp8"),
 }
 

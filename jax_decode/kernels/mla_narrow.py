@@ -19,7 +19,11 @@ head) rows their N (16 or 32 columns), so the products are those the answer need
   P^T from shared memory.  O^T is two [256, ROWS] accumulators.
 
 One program = all query rows (``Q_LEN * num_heads``, at most ``ROWS``) of one KV split
-of one batch row; grid ``(1, batch, NUM_KV_SPLITS)``.  A producer warp copies the
+of one batch row, grid ``(1, batch, NUM_KV_SPLITS)`` -- or, under the device-side
+schedule of :mod:`jax_decode.kernels.schedule` (``_mla_stage1_hopper_narrow_scheduled``,
+grid ``(1, NUM_PROGRAMS, 1)``), the chunks of a program's share of the batch's work in
+turn, each written to its slot of the partials for ``_schedule_merge``, or, for a row
+of one chunk, to ``out`` and ``lse`` themselves.  A producer warp copies the
 tiles into a ring of ``NUM_STAGES`` stages by TMA (the seesaw's descriptors: latent
 halves [64, 256] and the rope part [64, 64] of the cache viewed as ``[num_pages *
 page_size, 576]``); one consumer warpgroup computes, and releases a stage once its
@@ -56,26 +60,60 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from jax_decode.kernels.mla_hopper import ROPE_COL, _cta_barrier, _row_offsets, _tma_load, _zero_invalid_rows
+from jax_decode.kernels.mla_hopper import (
+    ROPE_COL,
+    _cta_barrier,
+    _program_positions,
+    _row_offsets,
+    _tma_load,
+    _zero_invalid_rows,
+)
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
 BLOCK_N = gl.constexpr(64)  # tokens per tile: the MMAs' M
 HALF = gl.constexpr(256)  # latent columns per TMA box
 # Registers a thread of the producer warp keeps (Triton pads it to a warpgroup); the
-# consumer warpgroup takes the rest.
-PRODUCER_REGISTERS = gl.constexpr(24)
+# consumer warpgroup takes the rest.  (24 spill the producer's chunk loop under the
+# schedule; one program an SM leaves registers to spare.)
+PRODUCER_REGISTERS = gl.constexpr(40)
 
 
 @gluon.jit
-def _split_of(seq_lens_ptr, CAPACITY: gl.constexpr, NUM_KV_SPLITS: gl.constexpr):
-    """This program's batch row (int64), its clamped length, the ``[start, end)`` of its
-    split (whole 64-token tiles) and the split's tile count."""
-    batch_idx = gl.program_id(1).to(gl.int64)
-    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
-    per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
-    start = gl.program_id(2) * per_split
-    end = gl.minimum(start + per_split, seq_len)
+def _program_chunks(schedule_ptr, NUM_PROGRAMS: gl.constexpr, SCHEDULED: gl.constexpr):
+    """This program's first batch row and number of chunks: fixed splits, one (its split
+    of row ``program_id(1)``); the device-side schedule, its rows in turn."""
+    if SCHEDULED:
+        first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
+        num_chunks = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1)) - first_row
+    else:
+        first_row = 0
+        num_chunks = 1
+    return first_row, num_chunks
+
+
+@gluon.jit
+def _chunk_of(c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY: gl.constexpr, NUM_KV_SPLITS: gl.constexpr,
+              NUM_PROGRAMS: gl.constexpr, CHUNK_COST: gl.constexpr, SCHEDULED: gl.constexpr):  # fmt: skip
+    """Chunk ``c``'s batch row (int64), the row's clamped length, the chunk's ``[start,
+    end)`` (whole 64-token tiles) and tile count.  Fixed splits: split ``program_id(2)``
+    of row ``program_id(1)``; the schedule: row ``first_row + c``'s share of program
+    ``program_id(1)`` (jax_decode.kernels.schedule)."""
+    if SCHEDULED:
+        row = first_row + c
+        batch_idx = row.to(gl.int64)
+        seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
+        tiles = gl.cdiv(seq_len, BLOCK_N)
+        lo, hi = _program_positions(schedule_ptr, gl.program_id(1), NUM_PROGRAMS)
+        row_tiles = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 3 * row) + CHUNK_COST  # S_b + CHUNK_COST
+        start = gl.minimum(gl.maximum(lo - row_tiles, 0), tiles) * BLOCK_N
+        end = gl.minimum(gl.minimum(gl.maximum(hi - row_tiles, 0), tiles) * BLOCK_N, seq_len)
+    else:
+        batch_idx = gl.program_id(1).to(gl.int64)
+        seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
+        per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
+        start = gl.program_id(2) * per_split
+        end = gl.minimum(start + per_split, seq_len)
     return batch_idx, seq_len, start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
 
 
@@ -90,27 +128,37 @@ def _tile_row(page_row_ptr, tile_start, num_pages, PAGE_SIZE: gl.constexpr):
 
 @gluon.jit
 def _producer(args, consts: gl.constexpr):
-    """One warp: the TMA copies of the split's tiles into the ring, each stage once the
-    consumer has released it."""
-    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, num_pages, mid_o_ptr, mid_lse_ptr, k_l, k_r, k_e, full,
-     empty, q_l, q_r, q_e, p_smem) = args  # fmt: skip
+    """One warp: the TMA copies of the program's tiles (its chunks' in turn) into the
+    ring, each stage once the consumer has released it."""
+    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr, out_ptr,
+     lse_ptr, k_l, k_r, k_e, full, empty, q_l, q_r, q_e, p_smem) = args  # fmt: skip
     STRIDE_PTB: gl.constexpr = consts[3]
     PAGE_SIZE: gl.constexpr = consts[15]
     CAPACITY: gl.constexpr = consts[16]
     NUM_KV_SPLITS: gl.constexpr = consts[17]
     NUM_STAGES: gl.constexpr = consts[19]
-    batch_idx, _seq_len, start, end, num_tiles = _split_of(seq_lens_ptr, CAPACITY, NUM_KV_SPLITS)
-    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
-    for i in range(num_tiles):
-        stage = i % NUM_STAGES
-        # The consumer's release of this stage's previous tile.
-        mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1, pred=i >= NUM_STAGES)
-        row, _page_ok = _tile_row(page_row_ptr, start + i * BLOCK_N, num_pages, PAGE_SIZE)
-        bar = full.index(stage)
-        mbarrier.expect(bar, 2 * k_desc.block_type.nbytes + kr_desc.block_type.nbytes)
-        _tma_load(kr_desc, [row, ROPE_COL], bar, k_e.index(stage))
-        _tma_load(k_desc, [row, 0], bar, k_l.index(stage))
-        _tma_load(k_desc, [row, HALF], bar, k_r.index(stage))
+    NUM_PROGRAMS: gl.constexpr = consts[20]
+    CHUNK_COST: gl.constexpr = consts[21]
+    SCHEDULED: gl.constexpr = consts[22]
+    first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
+    done = 0  # tiles of the earlier chunks: the ring's position and phase run on across chunks
+    for c in range(num_chunks):
+        batch_idx, _seq_len, start, _end, num_tiles = _chunk_of(
+            c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS, CHUNK_COST, SCHEDULED
+        )
+        page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+        for i in range(num_tiles):
+            t = done + i
+            stage = t % NUM_STAGES
+            # The consumer's release of this stage's previous tile.
+            mbarrier.wait(empty.index(stage), ((t // NUM_STAGES) & 1) ^ 1, pred=t >= NUM_STAGES)
+            row, _page_ok = _tile_row(page_row_ptr, start + i * BLOCK_N, num_pages, PAGE_SIZE)
+            bar = full.index(stage)
+            mbarrier.expect(bar, 2 * k_desc.block_type.nbytes + kr_desc.block_type.nbytes)
+            _tma_load(kr_desc, [row, ROPE_COL], bar, k_e.index(stage))
+            _tma_load(k_desc, [row, 0], bar, k_l.index(stage))
+            _tma_load(k_desc, [row, HALF], bar, k_r.index(stage))
+        done += num_tiles
 
 
 @gluon.jit
@@ -127,11 +175,28 @@ def _store_q_part(q_ptr, q_rows, part, col: gl.constexpr, R: gl.constexpr, layou
 
 
 @gluon.jit
+def _store_rows(acc_l, acc_r, lse, l_safe, rows, o_ptr, lse_ptr, o_base, lse_base, STRIDE_OT, STRIDE_OH, STRIDE_LT,
+                STRIDE_LH, NUM_HEADS: gl.constexpr, Q_LEN: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+    """Store O^T's halves (divided by ``l_safe``, cast to ``o_ptr``'s dtype) and the LSEs of the
+    real rows (fewer than ``Q_LEN * NUM_HEADS``) at their (token, head) offsets."""
+    R: gl.constexpr = Q_LEN * NUM_HEADS
+    dims = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
+    o_rows = o_base + _row_offsets(rows.to(gl.int64), STRIDE_OT, STRIDE_OH, NUM_HEADS, Q_LEN)
+    o_ptrs = o_ptr + o_rows[None, :] + dims[:, None]
+    real = (rows < R)[None, :]
+    out_type: gl.constexpr = o_ptr.dtype.element_ty
+    gl.store(o_ptrs, (acc_l / l_safe[None, :]).to(out_type), mask=real)
+    gl.store(o_ptrs + HALF, (acc_r / l_safe[None, :]).to(out_type), mask=real)
+    lse_rows = lse_base + _row_offsets(rows, STRIDE_LT, STRIDE_LH, NUM_HEADS, Q_LEN)
+    gl.store(lse_ptr + lse_rows, lse, mask=rows < R)
+
+
+@gluon.jit
 def _consumer(args, consts: gl.constexpr):
-    """One warpgroup: per tile S^T = K Q^T, the online softmax down each column,
-    O^T += V^T P^T."""
-    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, num_pages, mid_o_ptr, mid_lse_ptr, k_l, k_r, k_e, full,
-     empty, q_l, q_r, q_e, p_smem) = args  # fmt: skip
+    """One warpgroup: per chunk, Q's rows into shared memory, then per tile S^T = K Q^T,
+    the online softmax down each column, O^T += V^T P^T; the chunk's rows stored."""
+    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr, out_ptr,
+     lse_ptr, k_l, k_r, k_e, full, empty, q_l, q_r, q_e, p_smem) = args  # fmt: skip
     STRIDE_QB: gl.constexpr = consts[0]
     STRIDE_QT: gl.constexpr = consts[1]
     STRIDE_QH: gl.constexpr = consts[2]
@@ -151,12 +216,17 @@ def _consumer(args, consts: gl.constexpr):
     CAPACITY: gl.constexpr = consts[16]
     NUM_KV_SPLITS: gl.constexpr = consts[17]
     NUM_STAGES: gl.constexpr = consts[19]
+    NUM_PROGRAMS: gl.constexpr = consts[20]
+    CHUNK_COST: gl.constexpr = consts[21]
+    SCHEDULED: gl.constexpr = consts[22]
+    STRIDE_OB: gl.constexpr = consts[23]
+    STRIDE_OT: gl.constexpr = consts[24]
+    STRIDE_OH: gl.constexpr = consts[25]
+    STRIDE_LB: gl.constexpr = consts[26]
+    STRIDE_LT: gl.constexpr = consts[27]
+    STRIDE_LH: gl.constexpr = consts[28]
     ROWS: gl.constexpr = q_l.shape[0]
     R: gl.constexpr = Q_LEN * NUM_HEADS
-
-    batch_idx, seq_len, start, end, num_tiles = _split_of(seq_lens_ptr, CAPACITY, NUM_KV_SPLITS)
-    split_idx = gl.program_id(2)
-    page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
 
     # S^T [64 tokens, ROWS] and O^T's halves [256, ROWS]: warpgroup-MMA accumulators (for
     # O^T the warps' 64 rows repeat).
@@ -165,85 +235,136 @@ def _consumer(args, consts: gl.constexpr):
     tokens_of_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_of_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-
-    # Q's rows (token, head), token-major, into shared memory once.
     rows = gl.arange(0, ROWS, layout=rows_of_s)
-    q_rows = batch_idx * STRIDE_QB + _row_offsets(rows.to(gl.int64), STRIDE_QT, STRIDE_QH, NUM_HEADS, Q_LEN)
-    _store_q_part(q_ptr, q_rows, q_l, 0, R, load_layout)
-    _store_q_part(q_ptr, q_rows, q_r, HALF, R, load_layout)
-    _store_q_part(q_ptr, q_rows, q_e, ROPE_COL, R, load_layout)
-    fence_async_shared()
-    _cta_barrier()
-
-    # Where each row's positions end: ``end``, or its causal limit among the new tokens.
-    if Q_LEN > 1:
-        limit = gl.minimum(seq_len - Q_LEN + rows // NUM_HEADS + 1, end)
-    else:
-        limit = gl.full([ROWS], 0, gl.int32, layout=rows_of_s) + end
-    qk_scale = SM_SCALE * LOG2E
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=rows_of_s)
-    # Column sums are kept per element and reduced once at the end: no cross-warp sum per tile.
-    l_acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=s_layout)
-    acc_l = gl.zeros([HALF, ROWS], gl.float32, layout=s_layout)
-    acc_r = gl.zeros([HALF, ROWS], gl.float32, layout=s_layout)
-    s_zero = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=s_layout)
     offs_t = gl.arange(0, BLOCK_N, layout=tokens_of_s)
-    for i in range(num_tiles):
-        stage = i % NUM_STAGES
-        tile_start = start + i * BLOCK_N
-        _row, ok = _tile_row(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
-        mbarrier.wait(full.index(stage), (i // NUM_STAGES) & 1)
-        lat_l = k_l.index(stage)
-        lat_r = k_r.index(stage)
-        if (tile_start + BLOCK_N > end) | (~ok):
-            # The latent rows past the end (all, for a bad page) meet P as V: zero them.
-            _zero_invalid_rows(lat_l, tile_start, end, ok, load_layout)
-            _zero_invalid_rows(lat_r, tile_start, end, ok, load_layout)
-            fence_async_shared()
-            _cta_barrier()
-        s = warpgroup_mma(k_e.index(stage), q_e.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(lat_l, q_l.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(lat_r, q_r.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s,))
+    s_zero = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=s_layout)
+    qk_scale = SM_SCALE * LOG2E
 
-        # Online softmax down each column (a query row) over the tile's tokens.
-        pos = tile_start + offs_t
-        valid = ((pos < end) & ok)[:, None] & (pos[:, None] < limit[None, :])
-        s = gl.where(valid, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[None, :])
-        l_acc = l_acc * alpha[None, :] + p
-        m_i = m_new
-        p_smem.store(gl.permute(p.to(gl.bfloat16), (1, 0)))
+    first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
+    done = 0  # tiles of the earlier chunks: the ring's position and phase run on across chunks
+    for c in range(num_chunks):
+        batch_idx, seq_len, start, end, num_tiles = _chunk_of(
+            c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS, CHUNK_COST, SCHEDULED
+        )
+        page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+        # The row's Q, (token, head) rows token-major, into shared memory (the previous
+        # chunk's products are done with it: each tile ends with a warpgroup barrier).
+        q_rows = batch_idx * STRIDE_QB + _row_offsets(rows.to(gl.int64), STRIDE_QT, STRIDE_QH, NUM_HEADS, Q_LEN)
+        _store_q_part(q_ptr, q_rows, q_l, 0, R, load_layout)
+        _store_q_part(q_ptr, q_rows, q_r, HALF, R, load_layout)
+        _store_q_part(q_ptr, q_rows, q_e, ROPE_COL, R, load_layout)
         fence_async_shared()
         _cta_barrier()
-        acc_l = acc_l * alpha[None, :]
-        acc_r = acc_r * alpha[None, :]
-        acc_l = warpgroup_mma(lat_l.permute((1, 0)), p_smem.permute((1, 0)), acc_l, is_async=True)
-        acc_r = warpgroup_mma(lat_r.permute((1, 0)), p_smem.permute((1, 0)), acc_r, is_async=True)
-        acc_l, acc_r = warpgroup_mma_wait(0, deps=(acc_l, acc_r))
-        # Every warp's products are done with the stage and with P before either is rewritten.
-        _cta_barrier()
-        mbarrier.arrive(empty.index(stage))
 
-    l_i = gl.sum(l_acc, 0)
-    has_tokens = l_i > 0
-    l_safe = gl.where(has_tokens, l_i, 1.0)
-    lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
-    inverse = 1.0 / l_safe
-    dims = gl.arange(0, HALF, layout=tokens_of_s)
-    o_rows = batch_idx * STRIDE_MOB + split_idx * STRIDE_MOS + _row_offsets(rows.to(gl.int64), STRIDE_MOT, STRIDE_MOH,
-                                                                            NUM_HEADS, Q_LEN)  # fmt: skip
-    o_ptrs = mid_o_ptr + o_rows[None, :] + dims[:, None]
-    real = (rows < R)[None, :]
-    out_type: gl.constexpr = mid_o_ptr.dtype.element_ty
-    gl.store(o_ptrs, (acc_l * inverse[None, :]).to(out_type), mask=real)
-    gl.store(o_ptrs + HALF, (acc_r * inverse[None, :]).to(out_type), mask=real)
-    lse_rows = batch_idx * STRIDE_MLB + split_idx * STRIDE_MLS + _row_offsets(rows, STRIDE_MLT, STRIDE_MLH, NUM_HEADS,
-                                                                              Q_LEN)  # fmt: skip
-    gl.store(mid_lse_ptr + lse_rows, lse, mask=rows < R)
+        # Where each row's positions end: ``end``, or its causal limit among the new tokens.
+        if Q_LEN > 1:
+            limit = gl.minimum(seq_len - Q_LEN + rows // NUM_HEADS + 1, end)
+        else:
+            limit = gl.full([ROWS], 0, gl.int32, layout=rows_of_s) + end
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=rows_of_s)
+        # Column sums are kept per element and reduced once at the end: no cross-warp sum per tile.
+        l_acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=s_layout)
+        acc_l = gl.zeros([HALF, ROWS], gl.float32, layout=s_layout)
+        acc_r = gl.zeros([HALF, ROWS], gl.float32, layout=s_layout)
+        for i in range(num_tiles):
+            t = done + i
+            stage = t % NUM_STAGES
+            tile_start = start + i * BLOCK_N
+            _row, ok = _tile_row(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
+            mbarrier.wait(full.index(stage), (t // NUM_STAGES) & 1)
+            lat_l = k_l.index(stage)
+            lat_r = k_r.index(stage)
+            if (tile_start + BLOCK_N > end) | (~ok):
+                # The latent rows past the end (all, for a bad page) meet P as V: zero them.
+                _zero_invalid_rows(lat_l, tile_start, end, ok, load_layout)
+                _zero_invalid_rows(lat_r, tile_start, end, ok, load_layout)
+                fence_async_shared()
+                _cta_barrier()
+            s = warpgroup_mma(k_e.index(stage), q_e.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(lat_l, q_l.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma(lat_r, q_r.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s,))
+
+            # Online softmax down each column (a query row) over the tile's tokens.
+            pos = tile_start + offs_t
+            valid = ((pos < end) & ok)[:, None] & (pos[:, None] < limit[None, :])
+            s = gl.where(valid, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 0))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[None, :])
+            l_acc = l_acc * alpha[None, :] + p
+            m_i = m_new
+            p_smem.store(gl.permute(p.to(gl.bfloat16), (1, 0)))
+            fence_async_shared()
+            _cta_barrier()
+            acc_l = acc_l * alpha[None, :]
+            acc_r = acc_r * alpha[None, :]
+            acc_l = warpgroup_mma(lat_l.permute((1, 0)), p_smem.permute((1, 0)), acc_l, is_async=True)
+            acc_r = warpgroup_mma(lat_r.permute((1, 0)), p_smem.permute((1, 0)), acc_r, is_async=True)
+            acc_l, acc_r = warpgroup_mma_wait(0, deps=(acc_l, acc_r))
+            # Every warp's products are done with the stage, P and Q before any is rewritten.
+            _cta_barrier()
+            mbarrier.arrive(empty.index(stage))
+        done += num_tiles
+
+        l_i = gl.sum(l_acc, 0)
+        has_tokens = l_i > 0
+        l_safe = gl.where(has_tokens, l_i, 1.0)
+        lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        if SCHEDULED:
+            # A row of one chunk goes to out and lse (the merge leaves it alone); the
+            # others to the chunk's slot, row + program, of the partials.
+            row = first_row + c
+            if gl.load(schedule_ptr + 2 + 2 * NUM_PROGRAMS + 3 * row) == 1:
+                _store_rows(acc_l, acc_r, lse, l_safe, rows, out_ptr, lse_ptr, batch_idx * STRIDE_OB,
+                            batch_idx * STRIDE_LB, STRIDE_OT, STRIDE_OH, STRIDE_LT, STRIDE_LH, NUM_HEADS, Q_LEN,
+                            s_layout)  # fmt: skip
+            else:
+                slot = batch_idx + gl.program_id(1)
+                _store_rows(acc_l, acc_r, lse, l_safe, rows, mid_o_ptr, mid_lse_ptr, slot * (R * 512), slot * R,
+                            NUM_HEADS * 512, 512, NUM_HEADS, 1, NUM_HEADS, Q_LEN, s_layout)  # fmt: skip
+        else:
+            split = gl.program_id(2)
+            _store_rows(acc_l, acc_r, lse, l_safe, rows, mid_o_ptr, mid_lse_ptr,
+                        batch_idx * STRIDE_MOB + split * STRIDE_MOS, batch_idx * STRIDE_MLB + split * STRIDE_MLS,
+                        STRIDE_MOT, STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, s_layout)  # fmt: skip
+
+
+@gluon.jit
+def _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr,
+                out_ptr, lse_ptr, consts):  # fmt: skip
+    """Allocate the ring, Q, P and the barriers, and run the consumer warpgroup and the
+    producer warp."""
+    PAGE_SIZE: gl.constexpr = consts[15]
+    ROWS: gl.constexpr = consts[18]
+    NUM_STAGES: gl.constexpr = consts[19]
+    gl.static_assert(gl.num_warps() == 4, "one consumer warpgroup")
+    gl.static_assert(k_desc.block_type.shape[0] == BLOCK_N and k_desc.block_type.shape[1] == HALF, "latent halves")
+    gl.static_assert(kr_desc.block_type.shape[1] == 64, "the rope part")
+    gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "a K tile must lie inside one page")
+    gl.static_assert(ROWS == 16 or ROWS == 32, "16 or 32 MMA columns")
+    gl.static_assert(consts[13] * consts[14] <= ROWS, "ROWS holds the program's query rows")  # NUM_HEADS * Q_LEN
+    half_layout: gl.constexpr = k_desc.layout
+    rope_layout: gl.constexpr = kr_desc.layout
+    k_l = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, HALF], half_layout)
+    k_r = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, HALF], half_layout)
+    k_e = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 64], rope_layout)
+    full = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], gl.bfloat16)
+    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, 64], gl.bfloat16)
+    q_l = gl.allocate_shared_memory(gl.bfloat16, [ROWS, HALF], q_half_layout)
+    q_r = gl.allocate_shared_memory(gl.bfloat16, [ROWS, HALF], q_half_layout)
+    q_e = gl.allocate_shared_memory(gl.bfloat16, [ROWS, 64], q_rope_layout)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, BLOCK_N], q_rope_layout)
+    for st in gl.static_range(NUM_STAGES):
+        mbarrier.init(full.index(st), count=1)
+        mbarrier.init(empty.index(st), count=1)
+    fence_async_shared()
+    args = (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr,
+            out_ptr, lse_ptr, k_l, k_r, k_e, full, empty, q_l, q_r, q_e, p_smem)  # fmt: skip
+    gl.warp_specialize([(_consumer, (args, consts)), (_producer, (args, consts))], [1], [PRODUCER_REGISTERS])
 
 
 @gluon.jit
@@ -279,33 +400,58 @@ def _mla_stage1_hopper_narrow(
     ROWS: gl.constexpr,  # the MMAs' N: Q_LEN * NUM_HEADS padded to 16 or 32
     NUM_STAGES: gl.constexpr,
 ):
-    """Launch with num_warps=4, grid ``(1, batch, NUM_KV_SPLITS)`` (the module docstring)."""
-    gl.static_assert(gl.num_warps() == 4, "one consumer warpgroup")
-    gl.static_assert(k_desc.block_type.shape[0] == BLOCK_N and k_desc.block_type.shape[1] == HALF, "latent halves")
-    gl.static_assert(kr_desc.block_type.shape[1] == 64, "the rope part")
-    gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "a K tile must lie inside one page")
-    gl.static_assert(ROWS == 16 or ROWS == 32, "16 or 32 MMA columns")
-    gl.static_assert(Q_LEN * NUM_HEADS <= ROWS, "ROWS holds the program's query rows")
-    half_layout: gl.constexpr = k_desc.layout
-    rope_layout: gl.constexpr = kr_desc.layout
-    k_l = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, HALF], half_layout)
-    k_r = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, HALF], half_layout)
-    k_e = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 64], rope_layout)
-    full = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], gl.bfloat16)
-    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, 64], gl.bfloat16)
-    q_l = gl.allocate_shared_memory(gl.bfloat16, [ROWS, HALF], q_half_layout)
-    q_r = gl.allocate_shared_memory(gl.bfloat16, [ROWS, HALF], q_half_layout)
-    q_e = gl.allocate_shared_memory(gl.bfloat16, [ROWS, 64], q_rope_layout)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, BLOCK_N], q_rope_layout)
-    for st in gl.static_range(NUM_STAGES):
-        mbarrier.init(full.index(st), count=1)
-        mbarrier.init(empty.index(st), count=1)
-    fence_async_shared()
-    args = (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, num_pages, mid_o_ptr, mid_lse_ptr, k_l, k_r, k_e,
-            full, empty, q_l, q_r, q_e, p_smem)  # fmt: skip
+    """Fixed splits: launch with num_warps=4, grid ``(1, batch, NUM_KV_SPLITS)`` (the
+    module docstring)."""
     consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH,
                             STRIDE_MOS, STRIDE_MLB, STRIDE_MLT, STRIDE_MLH, STRIDE_MLS, SM_SCALE, NUM_HEADS, Q_LEN,
-                            PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, ROWS, NUM_STAGES)  # fmt: skip
-    gl.warp_specialize([(_consumer, (args, consts)), (_producer, (args, consts))], [1], [PRODUCER_REGISTERS])
+                            PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, ROWS, NUM_STAGES, 1, 0, False, 0, 0, 0, 0, 0,
+                            0)  # fmt: skip
+    _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, seq_lens_ptr, num_pages, mid_o_ptr, mid_lse_ptr,
+                mid_o_ptr, mid_lse_ptr, consts)  # fmt: skip
+
+
+@gluon.jit
+def _mla_stage1_hopper_narrow_scheduled(
+    k_desc,
+    kr_desc,
+    q_ptr,
+    page_table_ptr,  # int32 [batch, max_pages]
+    seq_lens_ptr,  # int32 [batch]
+    k_scale_ptr,  # (never read)
+    v_scale_ptr,
+    schedule_ptr,  # int32: jax_decode.kernels.schedule._work_schedule's
+    num_pages,  # int
+    batch,  # int (the schedule's; unused here)
+    mid_o_ptr,  # f32 [batch + NUM_PROGRAMS, (Q_LEN,) num_heads, 512], contiguous: partials by slot
+    mid_lse_ptr,  # f32 [batch + NUM_PROGRAMS, (Q_LEN,) num_heads], contiguous
+    out_ptr,  # [batch, (Q_LEN,) num_heads, 512], q's dtype: the rows of one chunk
+    lse_ptr,  # f32 [batch, (Q_LEN,) num_heads]
+    STRIDE_QB: gl.constexpr,
+    STRIDE_QT: gl.constexpr,
+    STRIDE_QH: gl.constexpr,
+    STRIDE_PTB: gl.constexpr,
+    SM_SCALE: gl.constexpr,
+    NUM_HEADS: gl.constexpr,
+    Q_LEN: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    CAPACITY: gl.constexpr,
+    ROWS: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    NUM_PROGRAMS: gl.constexpr,
+    CHUNK_COST: gl.constexpr,
+    STRIDE_OB: gl.constexpr,
+    STRIDE_OT: gl.constexpr,
+    STRIDE_OH: gl.constexpr,
+    STRIDE_LB: gl.constexpr,
+    STRIDE_LT: gl.constexpr,
+    STRIDE_LH: gl.constexpr,
+):
+    """The device-side schedule (jax_decode.kernels.schedule): launch with num_warps=4,
+    grid ``(1, NUM_PROGRAMS, 1)``; chunk ``(p, b)`` to slot ``b + p`` of the partials,
+    except that a row the schedule gives one chunk goes straight to ``out`` and ``lse``
+    (the merge, run with ``SKIP_WHOLE``, leaves those rows alone)."""
+    consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, 0, 0, 0, 0, 0, 0, 0, 0, SM_SCALE, NUM_HEADS,
+                            Q_LEN, PAGE_SIZE, CAPACITY, 1, ROWS, NUM_STAGES, NUM_PROGRAMS, CHUNK_COST, True, STRIDE_OB,
+                            STRIDE_OT, STRIDE_OH, STRIDE_LB, STRIDE_LT, STRIDE_LH)  # fmt: skip
+    _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr,
+                out_ptr, lse_ptr, consts)  # fmt: skip

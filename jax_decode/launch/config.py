@@ -205,10 +205,16 @@ class LaunchConfig:
     # schedule); False: the two-warpgroup kernel, the benchmarks' and tests' baseline
     # (its schedule takes one query token).
     hopper_seesaw: bool = True
-    # With hopper_mla, a bf16 cache, fixed splits and at most HOPPER_NARROW_MAX_ROWS query
-    # rows (q_len x heads): the narrow-group kernel (jax_decode.kernels.mla_narrow, tokens
-    # as the MMAs' rows) instead.  Opt-in until it has been run and timed on a GPU.
+    # With hopper_mla, a bf16 cache and at most HOPPER_NARROW_MAX_ROWS query rows (q_len x
+    # heads): the narrow-group kernels (jax_decode.kernels.mla_narrow, tokens as the MMAs'
+    # rows; fixed splits or the schedule) instead.  Opt-in until run and timed on a GPU.
     hopper_narrow: bool = False
+
+    @property
+    def scheduled_rows_direct(self) -> bool:
+        """Under the device-side schedule, the Gluon MLA stage 1 writes a row of one chunk
+        to out and lse itself, and the merge skips it (the seesaw and narrow-group kernels)."""
+        return self.hopper_mla and (self.hopper_seesaw or self.hopper_narrow)
 
     @property
     def portable_scheduled(self) -> bool:
@@ -397,7 +403,7 @@ class LaunchConfig:
             ROUND_BY_BITS=self.device.vendor == "cpu",
             # The seesaw writes rows of one chunk to out itself (and the portable
             # stand-in of a scheduled Gluon config runs fixed splits, never this merge).
-            SKIP_WHOLE=self.hopper_mla and self.hopper_seesaw,
+            SKIP_WHOLE=self.scheduled_rows_direct,
             BLOCK_C=SCHEDULE_MERGE_CHUNKS,
         )
         grid = (p.batch, cdiv(p.num_heads, block_hm), p.q_len)
@@ -513,8 +519,11 @@ class LaunchConfig:
         return self.hopper_gqa or self.hopper_narrow
 
     def _hopper_narrow_stage1(self, strides: KernelStrides) -> KernelLaunch:
-        """The narrow-group MLA stage 1 (``hopper_narrow``): one program per batch row x
-        split, writing stage 2's mid_o / mid_lse, or with one split ``out`` and ``lse``."""
+        """The narrow-group MLA stage 1 (``hopper_narrow``): with fixed splits one program
+        per batch row x split, writing stage 2's mid_o / mid_lse, or with one split
+        ``out`` and ``lse``; under the device-side schedule ``schedule_programs``
+        programs writing chunk partials (merged by :meth:`schedule_merge`) and the rows
+        of one chunk to ``out`` and ``lse``."""
         p = self.problem
         rows = p.q_len * p.num_heads
         if not (self.hopper_mla and p.cache_dtype == "bfloat16" and rows <= HOPPER_NARROW_MAX_ROWS):
@@ -522,24 +531,47 @@ class LaunchConfig:
                 f"the narrow-group MLA kernel takes a bf16 cache and at most {HOPPER_NARROW_MAX_ROWS} query rows "
                 f"(q_len x heads), got {rows} over {p.cache_dtype}"
             )
-        if self.schedule_programs:
-            raise ValueError("the narrow-group MLA kernel takes fixed splits, not the device-side schedule")
         assert self.tma_ready(strides)
         k_rows = p.num_pages * p.page_size
         tma = (
             TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_v // 2)),
             TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_qk - p.head_dim_v)),
         )
-        out_type = _POINTER[p.dtype] if self.one_pass else "*fp32"
-        params = (
+        inputs = (
             ("k_desc", "tma"), ("kr_desc", "tma"), ("q_ptr", _POINTER[p.dtype]), ("page_table_ptr", "*i32"),
-            ("seq_lens_ptr", "*i32"), ("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"), ("num_pages", "i32"),
-            ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"),
+            ("seq_lens_ptr", "*i32"), ("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"),
         )  # fmt: skip
+        q_meta = dict(STRIDE_QB=strides.q[0], STRIDE_QT=strides.tokens[0], STRIDE_QH=strides.q[1])
+        if self.schedule_programs:
+            params = (
+                *inputs, ("schedule_ptr", "*i32"), ("num_pages", "i32"), ("batch", "i32"), ("mid_o_ptr", "*fp32"),
+                ("mid_lse_ptr", "*fp32"), ("out_ptr", _POINTER[p.dtype]), ("lse_ptr", "*fp32"),
+            )  # fmt: skip
+            meta = dict(
+                **q_meta,
+                STRIDE_PTB=strides.page_table,
+                SM_SCALE=float(p.sm_scale),
+                NUM_HEADS=p.num_heads,
+                Q_LEN=p.q_len,
+                PAGE_SIZE=p.page_size,
+                CAPACITY=p.capacity,
+                ROWS=16 if rows <= 16 else 32,
+                NUM_STAGES=HOPPER_NARROW_STAGES,
+                NUM_PROGRAMS=self.schedule_programs,
+                CHUNK_COST=HOPPER_MLA_CHUNK_COST,
+                STRIDE_OB=strides.out[0],
+                STRIDE_OT=strides.tokens[3],
+                STRIDE_OH=strides.out[1],
+                STRIDE_LB=strides.lse[0],
+                STRIDE_LT=strides.tokens[4],
+                STRIDE_LH=strides.lse[1],
+            )
+            grid = (1, self.schedule_programs, 1)
+            return KernelLaunch("mla_hopper_narrow_scheduled", grid, 4, 1, tuple(meta.items()), params, tma)
+        out_type = _POINTER[p.dtype] if self.one_pass else "*fp32"
+        params = (*inputs, ("num_pages", "i32"), ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"))
         meta = dict(
-            STRIDE_QB=strides.q[0],
-            STRIDE_QT=strides.tokens[0],
-            STRIDE_QH=strides.q[1],
+            **q_meta,
             STRIDE_PTB=strides.page_table,
             **_stage1_out_strides(strides, final=self.one_pass),
             SM_SCALE=float(p.sm_scale),
