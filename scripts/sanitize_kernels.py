@@ -191,6 +191,10 @@ def hopper_main() -> None:
     for changes in (dict(num_kv_splits=None), dict(q_len=2, num_kv_splits=None)):
         options = dict(narrow=True, hopper_multi_token=True, schedule_programs=4)
         cases.append((dataclasses.replace(base, **changes), options))
+    # ... over an e4m3 latent with scales (hopper_fp8): splits and the schedule.
+    for splits, programs in ((3, 0), (None, 4)):
+        options = dict(narrow=True, hopper_fp8=True, schedule_programs=programs)
+        cases.append((dataclasses.replace(fp8, num_kv_splits=splits), options))
     if "--fp8" in sys.argv:  # the fp8 Gluon kernels only
         cases = [(case, options) for case, options in cases if options.get("hopper_fp8")]
     if "--narrow" in sys.argv:  # the narrow-group kernel only

@@ -332,11 +332,13 @@ def test_device_schedule_of_few_programs_matches_oracle_and_jax_equals_torch(num
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_heads, q_len", [(16, None), (8, None), (16, 2), (10, 3)])
 @pytest.mark.parametrize("num_kv_splits, schedule", [(1, False), (3, False), (None, False), (None, True), (None, 4)])
-def test_narrow_group_kernel_matches_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits, schedule):
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3"])
+def test_narrow_group_kernel_matches_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits, schedule, fp8):
     """The narrow-group kernels (tokens as the MMAs' rows; 16 or 32 query rows, padding
     included): one pass, fixed splits and the device-side schedule (a wave of programs;
-    four, so that rows of one chunk go to out), several query tokens, on awkward lengths."""
-    config = _check_planned_launch(num_heads, q_len, num_kv_splits, schedule=schedule, narrow=True)
+    four, so that rows of one chunk go to out), several query tokens, on awkward lengths;
+    a bf16 cache, or e4m3 with scales widened in shared memory."""
+    config = _check_planned_launch(num_heads, q_len, num_kv_splits, schedule=schedule, fp8=fp8, narrow=True)
     name = config.hopper_stage1(config.contiguous_strides()).kernel_name
     assert config.hopper_narrow and name == ("mla_hopper_narrow_scheduled" if schedule else "mla_hopper_narrow")
 
@@ -546,13 +548,17 @@ def test_narrow_group_launch():
     refused = (
         (_plan(_mla(batch=6, num_heads=64), num_kv_splits=2), "at most 32 query rows"),
         (_plan(_mla(batch=6, num_heads=16, q_len=3, token_axis=True), num_kv_splits=2), "at most 32 query rows"),
-        (_plan(_mla(batch=6, num_heads=16, kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR,
-                    v_scale=SCALE_PER_TENSOR), num_kv_splits=2, hopper_fp8=True), "bf16 cache"),
     )  # fmt: skip
     for config, message in refused:
         assert config.hopper_mla
         with pytest.raises(ValueError, match=message):
             dataclasses.replace(config, hopper_narrow=True).hopper_stage1(config.contiguous_strides())
+    # An e4m3 cache (planned with hopper_fp8): fp8 descriptors, the scales' flags.
+    fp8 = _mla(batch=6, num_heads=16, kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR)
+    config = dataclasses.replace(_plan(fp8, num_kv_splits=2, hopper_fp8=True), hopper_narrow=True)
+    launch = config.hopper_stage1(config.contiguous_strides())
+    assert [view.dtype for view in launch.tma] == ["fp8e4nv", "fp8e4nv"]
+    assert (launch.meta()["KV_FP8"], launch.meta()["K_SCALE"], launch.meta()["V_SCALE"]) == (True, 1, 1)
     # Under the device-side schedule: a wave of programs, the rows of one chunk to out.
     scheduled = dataclasses.replace(_plan(_mla(batch=6, num_heads=16, q_len=2, token_axis=True)), hopper_narrow=True)
     scheduled = dataclasses.replace(scheduled, schedule_programs=132)
@@ -566,15 +572,18 @@ def test_narrow_group_launch():
     assert inputs == ("q", "page_table", "seq_lens", "seq_lens", "seq_lens", "schedule", scheduled.problem.num_pages, 6)
 
 
-def _check_narrow_compile(num_heads, q_len, num_kv_splits) -> None:
+def _check_narrow_compile(num_heads, q_len, num_kv_splits, fp8=False) -> None:
     """``num_kv_splits`` None: under the device-side schedule."""
     import dataclasses
 
     from jax_decode.kernels.gluon_compile import compile_launch
     from jax_decode.launch.planner import hopper_mla_schedule_programs
+    from jax_decode.launch.problem import SCALE_PER_TENSOR
 
-    problem = _mla(batch=3, num_heads=num_heads, max_pages=32, q_len=q_len, token_axis=q_len > 1)
-    config = dataclasses.replace(_plan(problem, num_kv_splits=num_kv_splits or 2), hopper_narrow=True)
+    quantised = dict(kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR) if fp8 else {}
+    problem = _mla(batch=3, num_heads=num_heads, max_pages=32, q_len=q_len, token_axis=q_len > 1, **quantised)
+    config = _plan(problem, num_kv_splits=num_kv_splits or 2, hopper_fp8=fp8)
+    config = dataclasses.replace(config, hopper_narrow=True)
     if num_kv_splits is None:
         config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(problem, config.device))
     launch = config.hopper_stage1(config.contiguous_strides())
@@ -585,19 +594,24 @@ def _check_narrow_compile(num_heads, q_len, num_kv_splits) -> None:
     rows = 16 if q_len * num_heads <= 16 else 32
     # Only the products the answer needs: 64 tokens x the padded rows, 36 for the scores
     # (576 / 16) and 32 for P V (512 / 64 rows x 64 tokens / 16).
-    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{rows}k16.f32.bf16.bf16") == 36 + 32
+    kind = "f16.f16" if fp8 else "bf16.bf16"
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{rows}k16.f32.{kind}") == 36 + 32
+    if fp8:
+        assert "cvt.rn.f16x2.e4m3x2" in ptx  # the widening, one instruction per pair
     assert "cp.async.bulk.tensor" in ptx and ".local" not in ptx
     assert len(kernel.metadata.tensordesc_meta) == 2
 
 
 @pytest.mark.parametrize(
-    "num_heads, q_len, num_kv_splits", [(16, 1, 1), (16, 1, 3), (16, 2, 2), (10, 3, 1), (16, 1, None), (10, 3, None)]
-)
-def test_narrow_launch_compiles_for_sm90(num_heads, q_len, num_kv_splits):
+    "num_heads, q_len, num_kv_splits, fp8",
+    [(16, 1, 1, False), (16, 1, 3, False), (16, 2, 2, False), (10, 3, 1, False), (16, 1, None, False),
+     (10, 3, None, False), (16, 1, 3, True), (16, 2, None, True)],
+)  # fmt: skip
+def test_narrow_launch_compiles_for_sm90(num_heads, q_len, num_kv_splits, fp8):
     missing = _gluon_hopper_missing()
     if missing:
         pytest.skip(missing)
-    _run_isolated("_check_narrow_compile", num_heads, q_len, num_kv_splits)
+    _run_isolated("_check_narrow_compile", num_heads, q_len, num_kv_splits, fp8)
 
 
 def test_gluon_constexprs_follow_the_kernel_parameters():

@@ -62,10 +62,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from jax_decode.kernels.mla_hopper import (
     ROPE_COL,
+    _as_dtype,
     _cta_barrier,
     _program_positions,
     _row_offsets,
     _tma_load,
+    _widen_part,
     _zero_invalid_rows,
 )
 
@@ -130,8 +132,9 @@ def _tile_row(page_row_ptr, tile_start, num_pages, PAGE_SIZE: gl.constexpr):
 def _producer(args, consts: gl.constexpr):
     """One warp: the TMA copies of the program's tiles (its chunks' in turn) into the
     ring, each stage once the consumer has released it."""
-    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr, out_ptr,
-     lse_ptr, k_l, k_r, k_e, full, empty, q_l, q_r, q_e, p_smem) = args  # fmt: skip
+    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
+     mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, q_l, q_r, q_e,
+     p_smem) = args  # fmt: skip
     STRIDE_PTB: gl.constexpr = consts[3]
     PAGE_SIZE: gl.constexpr = consts[15]
     CAPACITY: gl.constexpr = consts[16]
@@ -140,6 +143,7 @@ def _producer(args, consts: gl.constexpr):
     NUM_PROGRAMS: gl.constexpr = consts[20]
     CHUNK_COST: gl.constexpr = consts[21]
     SCHEDULED: gl.constexpr = consts[22]
+    KV_FP8: gl.constexpr = consts[29]
     first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
     done = 0  # tiles of the earlier chunks: the ring's position and phase run on across chunks
     for c in range(num_chunks):
@@ -155,9 +159,11 @@ def _producer(args, consts: gl.constexpr):
             row, _page_ok = _tile_row(page_row_ptr, start + i * BLOCK_N, num_pages, PAGE_SIZE)
             bar = full.index(stage)
             mbarrier.expect(bar, 2 * k_desc.block_type.nbytes + kr_desc.block_type.nbytes)
-            _tma_load(kr_desc, [row, ROPE_COL], bar, k_e.index(stage))
-            _tma_load(k_desc, [row, 0], bar, k_l.index(stage))
-            _tma_load(k_desc, [row, HALF], bar, k_r.index(stage))
+            # (An fp8 cache lands in the upper half of each part's 16-bit bytes.)
+            slot = 2 * stage + 1 if KV_FP8 else stage
+            _tma_load(kr_desc, [row, ROPE_COL], bar, land[2].index(slot))
+            _tma_load(k_desc, [row, 0], bar, land[0].index(slot))
+            _tma_load(k_desc, [row, HALF], bar, land[1].index(slot))
         done += num_tiles
 
 
@@ -171,22 +177,27 @@ def _store_q_part(q_ptr, q_rows, part, col: gl.constexpr, R: gl.constexpr, layou
     cols = col + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
     offsets = gl.convert_layout(q_rows, gl.SliceLayout(1, layout))
     q = gl.load(q_ptr + offsets[:, None] + cols[None, :], mask=(rows < R)[:, None], other=0.0)
+    if part.dtype == gl.float16:  # (for an fp8 cache) as the portable kernel takes q: saturated, NaN kept
+        q = q.to(gl.float32)
+        q = gl.where(q == q, gl.minimum(gl.maximum(q, -65504.0), 65504.0), q)
     part.store(q.to(part.dtype))
 
 
 @gluon.jit
 def _store_rows(acc_l, acc_r, lse, l_safe, rows, o_ptr, lse_ptr, o_base, lse_base, STRIDE_OT, STRIDE_OH, STRIDE_LT,
-                STRIDE_LH, NUM_HEADS: gl.constexpr, Q_LEN: gl.constexpr, layout: gl.constexpr):  # fmt: skip
-    """Store O^T's halves (divided by ``l_safe``, cast to ``o_ptr``'s dtype) and the LSEs of the
-    real rows (fewer than ``Q_LEN * NUM_HEADS``) at their (token, head) offsets."""
+                STRIDE_LH, NUM_HEADS: gl.constexpr, Q_LEN: gl.constexpr, layout: gl.constexpr,
+                v_scale=1.0):  # fmt: skip
+    """Store O^T's halves (divided by ``l_safe``, times ``v_scale``, cast to ``o_ptr``'s
+    dtype) and the LSEs of the real rows (fewer than ``Q_LEN * NUM_HEADS``) at their
+    (token, head) offsets."""
     R: gl.constexpr = Q_LEN * NUM_HEADS
     dims = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
     o_rows = o_base + _row_offsets(rows.to(gl.int64), STRIDE_OT, STRIDE_OH, NUM_HEADS, Q_LEN)
     o_ptrs = o_ptr + o_rows[None, :] + dims[:, None]
     real = (rows < R)[None, :]
     out_type: gl.constexpr = o_ptr.dtype.element_ty
-    gl.store(o_ptrs, (acc_l / l_safe[None, :]).to(out_type), mask=real)
-    gl.store(o_ptrs + HALF, (acc_r / l_safe[None, :]).to(out_type), mask=real)
+    gl.store(o_ptrs, (acc_l / l_safe[None, :] * v_scale).to(out_type), mask=real)
+    gl.store(o_ptrs + HALF, (acc_r / l_safe[None, :] * v_scale).to(out_type), mask=real)
     lse_rows = lse_base + _row_offsets(rows, STRIDE_LT, STRIDE_LH, NUM_HEADS, Q_LEN)
     gl.store(lse_ptr + lse_rows, lse, mask=rows < R)
 
@@ -195,8 +206,9 @@ def _store_rows(acc_l, acc_r, lse, l_safe, rows, o_ptr, lse_ptr, o_base, lse_bas
 def _consumer(args, consts: gl.constexpr):
     """One warpgroup: per chunk, Q's rows into shared memory, then per tile S^T = K Q^T,
     the online softmax down each column, O^T += V^T P^T; the chunk's rows stored."""
-    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr, out_ptr,
-     lse_ptr, k_l, k_r, k_e, full, empty, q_l, q_r, q_e, p_smem) = args  # fmt: skip
+    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
+     mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, q_l, q_r, q_e,
+     p_smem) = args  # fmt: skip
     STRIDE_QB: gl.constexpr = consts[0]
     STRIDE_QT: gl.constexpr = consts[1]
     STRIDE_QH: gl.constexpr = consts[2]
@@ -225,6 +237,9 @@ def _consumer(args, consts: gl.constexpr):
     STRIDE_LB: gl.constexpr = consts[26]
     STRIDE_LT: gl.constexpr = consts[27]
     STRIDE_LH: gl.constexpr = consts[28]
+    KV_FP8: gl.constexpr = consts[29]
+    K_SCALE: gl.constexpr = consts[30]
+    V_SCALE: gl.constexpr = consts[31]
     ROWS: gl.constexpr = q_l.shape[0]
     R: gl.constexpr = Q_LEN * NUM_HEADS
 
@@ -239,6 +254,11 @@ def _consumer(args, consts: gl.constexpr):
     offs_t = gl.arange(0, BLOCK_N, layout=tokens_of_s)
     s_zero = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=s_layout)
     qk_scale = SM_SCALE * LOG2E
+    if K_SCALE > 0:
+        qk_scale = qk_scale * gl.load(k_scale_ptr)  # (one KV head: a per-head scale has one value)
+    v_scale = 1.0
+    if V_SCALE > 0:
+        v_scale = gl.load(v_scale_ptr)
 
     first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
     done = 0  # tiles of the earlier chunks: the ring's position and phase run on across chunks
@@ -274,7 +294,11 @@ def _consumer(args, consts: gl.constexpr):
             mbarrier.wait(full.index(stage), (t // NUM_STAGES) & 1)
             lat_l = k_l.index(stage)
             lat_r = k_r.index(stage)
-            if (tile_start + BLOCK_N > end) | (~ok):
+            if KV_FP8:  # widened to float16 in place, the invalid rows zeroed on the way
+                _widen_part(k_e.index(stage), land[2].index(2 * stage + 1), tile_start, end, ok)
+                _widen_part(lat_l, land[0].index(2 * stage + 1), tile_start, end, ok)
+                _widen_part(lat_r, land[1].index(2 * stage + 1), tile_start, end, ok)
+            elif (tile_start + BLOCK_N > end) | (~ok):
                 # The latent rows past the end (all, for a bad page) meet P as V: zero them.
                 _zero_invalid_rows(lat_l, tile_start, end, ok, load_layout)
                 _zero_invalid_rows(lat_r, tile_start, end, ok, load_layout)
@@ -295,7 +319,7 @@ def _consumer(args, consts: gl.constexpr):
             p = gl.exp2(s - m_safe[None, :])
             l_acc = l_acc * alpha[None, :] + p
             m_i = m_new
-            p_smem.store(gl.permute(p.to(gl.bfloat16), (1, 0)))
+            p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
             fence_async_shared()
             _cta_barrier()
             acc_l = acc_l * alpha[None, :]
@@ -319,63 +343,86 @@ def _consumer(args, consts: gl.constexpr):
             if gl.load(schedule_ptr + 2 + 2 * NUM_PROGRAMS + 3 * row) == 1:
                 _store_rows(acc_l, acc_r, lse, l_safe, rows, out_ptr, lse_ptr, batch_idx * STRIDE_OB,
                             batch_idx * STRIDE_LB, STRIDE_OT, STRIDE_OH, STRIDE_LT, STRIDE_LH, NUM_HEADS, Q_LEN,
-                            s_layout)  # fmt: skip
+                            s_layout, v_scale)  # fmt: skip
             else:
                 slot = batch_idx + gl.program_id(1)
                 _store_rows(acc_l, acc_r, lse, l_safe, rows, mid_o_ptr, mid_lse_ptr, slot * (R * 512), slot * R,
-                            NUM_HEADS * 512, 512, NUM_HEADS, 1, NUM_HEADS, Q_LEN, s_layout)  # fmt: skip
+                            NUM_HEADS * 512, 512, NUM_HEADS, 1, NUM_HEADS, Q_LEN, s_layout, v_scale)  # fmt: skip
         else:
             split = gl.program_id(2)
             _store_rows(acc_l, acc_r, lse, l_safe, rows, mid_o_ptr, mid_lse_ptr,
                         batch_idx * STRIDE_MOB + split * STRIDE_MOS, batch_idx * STRIDE_MLB + split * STRIDE_MLS,
-                        STRIDE_MOT, STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, s_layout)  # fmt: skip
+                        STRIDE_MOT, STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, s_layout,
+                        v_scale)  # fmt: skip
 
 
 @gluon.jit
-def _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr,
-                out_ptr, lse_ptr, consts):  # fmt: skip
+def _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
+                mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts):  # fmt: skip
     """Allocate the ring, Q, P and the barriers, and run the consumer warpgroup and the
-    producer warp."""
+    producer warp.  With an fp8 cache (``consts[29]``) the ring's parts hold float16,
+    each landing by TMA as fp8 in the upper half of its own bytes and widened in place
+    by the consumer (the seesaw's :func:`~jax_decode.kernels.mla_hopper._widen_part`),
+    and Q and P are float16."""
     PAGE_SIZE: gl.constexpr = consts[15]
     ROWS: gl.constexpr = consts[18]
     NUM_STAGES: gl.constexpr = consts[19]
+    KV_FP8: gl.constexpr = consts[29]
     gl.static_assert(gl.num_warps() == 4, "one consumer warpgroup")
     gl.static_assert(k_desc.block_type.shape[0] == BLOCK_N and k_desc.block_type.shape[1] == HALF, "latent halves")
     gl.static_assert(kr_desc.block_type.shape[1] == 64, "the rope part")
     gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "a K tile must lie inside one page")
     gl.static_assert(ROWS == 16 or ROWS == 32, "16 or 32 MMA columns")
     gl.static_assert(consts[13] * consts[14] <= ROWS, "ROWS holds the program's query rows")  # NUM_HEADS * Q_LEN
-    half_layout: gl.constexpr = k_desc.layout
-    rope_layout: gl.constexpr = kr_desc.layout
-    k_l = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, HALF], half_layout)
-    k_r = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, HALF], half_layout)
-    k_e = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 64], rope_layout)
+    if KV_FP8:
+        dtype: gl.constexpr = gl.float16
+        half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], gl.float16)
+        rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.float16)
+    else:
+        dtype: gl.constexpr = gl.bfloat16
+        half_layout: gl.constexpr = k_desc.layout
+        rope_layout: gl.constexpr = kr_desc.layout
+    k_l = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HALF], half_layout)
+    k_r = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HALF], half_layout)
+    k_e = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, 64], rope_layout)
+    if KV_FP8:
+        # Each stage's part as two fp8 buffers of its size: index 2 s + 1 is its upper half.
+        # (The descriptors' layouts bound as constexprs: Triton 3.6 hands a descriptor's
+        # layout attribute over as a plain object, which it cannot pass on.)
+        fp8_half_layout: gl.constexpr = k_desc.layout
+        fp8_rope_layout: gl.constexpr = kr_desc.layout
+        land = (_as_dtype(k_l, gl.float8e4nv, [2 * NUM_STAGES, BLOCK_N, HALF], fp8_half_layout),
+                _as_dtype(k_r, gl.float8e4nv, [2 * NUM_STAGES, BLOCK_N, HALF], fp8_half_layout),
+                _as_dtype(k_e, gl.float8e4nv, [2 * NUM_STAGES, BLOCK_N, 64], fp8_rope_layout))  # fmt: skip
+    else:
+        land = (k_l, k_r, k_e)
     full = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], gl.bfloat16)
-    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, 64], gl.bfloat16)
-    q_l = gl.allocate_shared_memory(gl.bfloat16, [ROWS, HALF], q_half_layout)
-    q_r = gl.allocate_shared_memory(gl.bfloat16, [ROWS, HALF], q_half_layout)
-    q_e = gl.allocate_shared_memory(gl.bfloat16, [ROWS, 64], q_rope_layout)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, BLOCK_N], q_rope_layout)
+    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
+    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, 64], dtype)
+    q_l = gl.allocate_shared_memory(dtype, [ROWS, HALF], q_half_layout)
+    q_r = gl.allocate_shared_memory(dtype, [ROWS, HALF], q_half_layout)
+    q_e = gl.allocate_shared_memory(dtype, [ROWS, 64], q_rope_layout)
+    p_smem = gl.allocate_shared_memory(dtype, [ROWS, BLOCK_N], q_rope_layout)
     for st in gl.static_range(NUM_STAGES):
         mbarrier.init(full.index(st), count=1)
         mbarrier.init(empty.index(st), count=1)
     fence_async_shared()
-    args = (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr,
-            out_ptr, lse_ptr, k_l, k_r, k_e, full, empty, q_l, q_r, q_e, p_smem)  # fmt: skip
+    args = (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
+            mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, q_l, q_r, q_e,
+            p_smem)  # fmt: skip
     gl.warp_specialize([(_consumer, (args, consts)), (_producer, (args, consts))], [1], [PRODUCER_REGISTERS])
 
 
 @gluon.jit
 def _mla_stage1_hopper_narrow(
-    k_desc,  # TMA over the cache as [num_pages * page_size, 576] bf16, block [64, 256] (latent halves)
+    k_desc,  # TMA over the cache as [num_pages * page_size, 576] (bf16 or e4m3), block [64, 256] (latent halves)
     kr_desc,  # the same, block [64, 64] (the rope part, at column 512)
     q_ptr,  # bf16 [batch, (Q_LEN,) num_heads, 576]
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
-    k_scale_ptr,  # (a bf16 cache has no scales: never read)
-    v_scale_ptr,
+    k_scale_ptr,  # f32 [1]: an fp8 cache's K scale (read if K_SCALE)
+    v_scale_ptr,  # f32 [1]: its V scale (read if V_SCALE)
     num_pages,  # int: pages in the cache; ids outside [0, num_pages) are masked
     mid_o_ptr,  # f32 [batch, (Q_LEN,) num_heads, num_kv_splits, 512] (or the final out)
     mid_lse_ptr,  # f32 [batch, (Q_LEN,) num_heads, num_kv_splits] (or the final lse)
@@ -399,15 +446,18 @@ def _mla_stage1_hopper_narrow(
     NUM_KV_SPLITS: gl.constexpr,
     ROWS: gl.constexpr,  # the MMAs' N: Q_LEN * NUM_HEADS padded to 16 or 32
     NUM_STAGES: gl.constexpr,
+    KV_FP8: gl.constexpr,  # an e4m3 cache (widened to float16 in shared memory)
+    K_SCALE: gl.constexpr,  # 0: none; else k_scale_ptr[0] multiplies the scores
+    V_SCALE: gl.constexpr,  # 0: none; else v_scale_ptr[0] multiplies the output
 ):
     """Fixed splits: launch with num_warps=4, grid ``(1, batch, NUM_KV_SPLITS)`` (the
     module docstring)."""
     consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH,
                             STRIDE_MOS, STRIDE_MLB, STRIDE_MLT, STRIDE_MLH, STRIDE_MLS, SM_SCALE, NUM_HEADS, Q_LEN,
-                            PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, ROWS, NUM_STAGES, 1, 0, False, 0, 0, 0, 0, 0,
-                            0)  # fmt: skip
-    _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, seq_lens_ptr, num_pages, mid_o_ptr, mid_lse_ptr,
-                mid_o_ptr, mid_lse_ptr, consts)  # fmt: skip
+                            PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, ROWS, NUM_STAGES, 1, 0, False, 0, 0, 0, 0, 0, 0,
+                            KV_FP8, K_SCALE, V_SCALE)  # fmt: skip
+    _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, seq_lens_ptr,
+                num_pages, mid_o_ptr, mid_lse_ptr, mid_o_ptr, mid_lse_ptr, consts)  # fmt: skip
 
 
 @gluon.jit
@@ -417,8 +467,8 @@ def _mla_stage1_hopper_narrow_scheduled(
     q_ptr,
     page_table_ptr,  # int32 [batch, max_pages]
     seq_lens_ptr,  # int32 [batch]
-    k_scale_ptr,  # (never read)
-    v_scale_ptr,
+    k_scale_ptr,  # f32 [1] (read if K_SCALE)
+    v_scale_ptr,  # f32 [1] (read if V_SCALE)
     schedule_ptr,  # int32: jax_decode.kernels.schedule._work_schedule's
     num_pages,  # int
     batch,  # int (the schedule's; unused here)
@@ -445,6 +495,9 @@ def _mla_stage1_hopper_narrow_scheduled(
     STRIDE_LB: gl.constexpr,
     STRIDE_LT: gl.constexpr,
     STRIDE_LH: gl.constexpr,
+    KV_FP8: gl.constexpr,
+    K_SCALE: gl.constexpr,
+    V_SCALE: gl.constexpr,
 ):
     """The device-side schedule (jax_decode.kernels.schedule): launch with num_warps=4,
     grid ``(1, NUM_PROGRAMS, 1)``; chunk ``(p, b)`` to slot ``b + p`` of the partials,
@@ -452,6 +505,7 @@ def _mla_stage1_hopper_narrow_scheduled(
     (the merge, run with ``SKIP_WHOLE``, leaves those rows alone)."""
     consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, 0, 0, 0, 0, 0, 0, 0, 0, SM_SCALE, NUM_HEADS,
                             Q_LEN, PAGE_SIZE, CAPACITY, 1, ROWS, NUM_STAGES, NUM_PROGRAMS, CHUNK_COST, True, STRIDE_OB,
-                            STRIDE_OT, STRIDE_OH, STRIDE_LB, STRIDE_LT, STRIDE_LH)  # fmt: skip
-    _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, schedule_ptr, num_pages, mid_o_ptr, mid_lse_ptr,
-                out_ptr, lse_ptr, consts)  # fmt: skip
+                            STRIDE_OT, STRIDE_OH, STRIDE_LB, STRIDE_LT, STRIDE_LH, KV_FP8, K_SCALE,
+                            V_SCALE)  # fmt: skip
+    _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr,
+                num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts)  # fmt: skip

@@ -205,9 +205,10 @@ class LaunchConfig:
     # schedule); False: the two-warpgroup kernel, the benchmarks' and tests' baseline
     # (its schedule takes one query token).
     hopper_seesaw: bool = True
-    # With hopper_mla, a bf16 cache and at most HOPPER_NARROW_MAX_ROWS query rows (q_len x
-    # heads): the narrow-group kernels (jax_decode.kernels.mla_narrow, tokens as the MMAs'
-    # rows; fixed splits or the schedule) instead.  Opt-in until run and timed on a GPU.
+    # With hopper_mla and at most HOPPER_NARROW_MAX_ROWS query rows (q_len x heads; a bf16
+    # cache, or e4m3 where hopper_fp8 planned the Gluon kernels): the narrow-group kernels
+    # (jax_decode.kernels.mla_narrow, tokens as the MMAs' rows; fixed splits or the
+    # schedule) instead.  Opt-in until run and timed on a GPU.
     hopper_narrow: bool = False
 
     @property
@@ -526,17 +527,22 @@ class LaunchConfig:
         of one chunk to ``out`` and ``lse``."""
         p = self.problem
         rows = p.q_len * p.num_heads
-        if not (self.hopper_mla and p.cache_dtype == "bfloat16" and rows <= HOPPER_NARROW_MAX_ROWS):
+        if not (self.hopper_mla and rows <= HOPPER_NARROW_MAX_ROWS):
             raise ValueError(
-                f"the narrow-group MLA kernel takes a bf16 cache and at most {HOPPER_NARROW_MAX_ROWS} query rows "
-                f"(q_len x heads), got {rows} over {p.cache_dtype}"
+                f"the narrow-group MLA kernel takes at most {HOPPER_NARROW_MAX_ROWS} query rows (q_len x heads), "
+                f"got {rows}"
             )
         assert self.tma_ready(strides)
         k_rows = p.num_pages * p.page_size
+        kv_fp8 = p.cache_dtype == "float8_e4m3fn"  # (widened to float16 in shared memory)
+        k_type = "fp8e4nv" if kv_fp8 else "bf16"
         tma = (
-            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_v // 2)),
-            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_qk - p.head_dim_v)),
+            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_v // 2), k_type),
+            TmaView(
+                "k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_qk - p.head_dim_v), k_type
+            ),
         )
+        fp8_meta = dict(KV_FP8=kv_fp8, K_SCALE=p.k_scale, V_SCALE=p.v_scale)
         inputs = (
             ("k_desc", "tma"), ("kr_desc", "tma"), ("q_ptr", _POINTER[p.dtype]), ("page_table_ptr", "*i32"),
             ("seq_lens_ptr", "*i32"), ("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"),
@@ -565,6 +571,7 @@ class LaunchConfig:
                 STRIDE_LB=strides.lse[0],
                 STRIDE_LT=strides.tokens[4],
                 STRIDE_LH=strides.lse[1],
+                **fp8_meta,
             )
             grid = (1, self.schedule_programs, 1)
             return KernelLaunch("mla_hopper_narrow_scheduled", grid, 4, 1, tuple(meta.items()), params, tma)
@@ -582,6 +589,7 @@ class LaunchConfig:
             NUM_KV_SPLITS=self.num_kv_splits,
             ROWS=16 if rows <= 16 else 32,
             NUM_STAGES=HOPPER_NARROW_STAGES,
+            **fp8_meta,
         )
         return KernelLaunch("mla_hopper_narrow", (1, p.batch, self.num_kv_splits), 4, 1, tuple(meta.items()), params,
                             tma)  # fmt: skip
