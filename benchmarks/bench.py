@@ -8,6 +8,9 @@ Measures, in one run: the copy bandwidth and the bf16 matmul throughput of the G
   choice is from the best this kernel can do.  Where the launch has a device-side
   schedule, it is made once per set of inputs (``torch_bridge.decode_schedule``), as a
   decode step's layers share one; FlashMLA's metadata is likewise computed once;
+* ``narrow`` where asked for: torch_bridge's plan with the Gluon MLA narrow-group kernels
+  (``LaunchConfig.hopper_narrow``; e4m3 rows with ``hopper_fp8``), on the sm_90 MLA rows
+  of at most 32 query rows they take -- opt-in kernels measured against the plan;
 * ``jax_decode``: the jitted triton backend;
 * ``vllm``: vLLM 0.9's ``decode_attention_fwd`` where it imports
   (``vllm.attention.ops.triton_decode_attention``) and supports the row, at its best
@@ -52,7 +55,9 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch
 
 from benchmarks.suites import SUITES, Row  # noqa: E402
 
-IMPLEMENTATIONS = ("torch_bridge", "best split", "jax_decode", "vllm", "flashmla", "pallas", "fa3_jax", "xla")
+IMPLEMENTATIONS = (
+    "torch_bridge", "best split", "narrow", "jax_decode", "vllm", "flashmla", "pallas", "fa3_jax", "xla"
+)  # fmt: skip
 DEFAULT_IMPLS = ("torch_bridge", "best split", "jax_decode", "vllm", "flashmla")
 SPLIT_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 VLLM_SPLITS = (2, 4, 8, 16, 32, 64)
@@ -243,6 +248,8 @@ def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
 
     if "torch_bridge" in wanted:
         impls["torch_bridge"] = ("torch", bridge())
+    if "narrow" in wanted:
+        impls["narrow"] = _narrow(row, out_shape)
     if "best split" in wanted:
         impls["best split"] = ("splits", {s: bridge(s) for s in sweep})
     for name, backend in (("jax_decode", "triton"), ("xla", "xla")):
@@ -259,6 +266,43 @@ def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
     if "fa3_jax" in wanted:
         impls["fa3_jax"] = _fa3_jax(row)
     return impls
+
+
+def _narrow(row: Row, out_shape):
+    """The frontends' plan with the Gluon MLA narrow-group kernels, launched through
+    torch_bridge's launcher; its schedule (where the plan has one) made once per set of
+    inputs, as ``torch_bridge``'s is."""
+    import dataclasses
+
+    import torch
+
+    from jax_decode.launch import make_launch_config
+    from jax_decode.launch.config import HOPPER_NARROW_MAX_ROWS
+    from jax_decode.operands import DecodeOperands
+    from torch_bridge.launcher import launch_decode, launch_schedule
+    from torch_bridge.ops import device_info
+
+    problem = row_problem(row)
+    if not (row.mla and row.q_len * row.num_heads <= HOPPER_NARROW_MAX_ROWS):
+        return ("skip", "unsupported")
+    config = make_launch_config(problem, device_info(torch.device(DEVICE)), None, hopper_fp8=bool(row.kv_dtype))
+    if not config.hopper_mla:
+        return ("skip", "no Gluon MLA stage 1 here")
+    config = dataclasses.replace(config, hopper_narrow=True)
+    out = torch.empty(out_shape, device=DEVICE, dtype=getattr(torch, row.dtype))
+    lse = torch.empty(problem.lse_shape, device=DEVICE, dtype=torch.float32)
+    prepared: dict[int, tuple] = {}  # per input set: operands and schedule, made at its first call
+
+    def run(p):
+        if id(p) not in prepared:
+            extras = p.extras
+            ops = DecodeOperands(*p.arrays, extras.get("k_scale"), extras.get("v_scale"), extras.get("sinks"))
+            prepared[id(p)] = (ops, launch_schedule(config, ops) if config.schedule_programs else None)
+        ops, schedule = prepared[id(p)]
+        launch_decode(config, ops, None, None, out, lse, schedule=schedule)
+        return out
+
+    return ("torch", run)
 
 
 def _flashmla(row: Row):
