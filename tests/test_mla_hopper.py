@@ -544,6 +544,11 @@ def test_narrow_group_launch():
         assert [view.operand for view in launch.tma] == ["k_cache", "k_cache"]
     ops = DecodeOperands("q", "k", None, "page_table", "seq_lens")
     assert hopper_stage1_inputs(ops, problem, q_pointer=True)[:3] == ("q", "page_table", "seq_lens")
+    # q comes through a pointer: a q view TMA could not address still runs it, a cache view not.
+    strides = config.contiguous_strides()
+    odd_q = dataclasses.replace(strides, q=(strides.q[0] + 8, strides.q[1]))
+    assert config.tma_ready(odd_q) and not dataclasses.replace(config, hopper_narrow=False).tma_ready(odd_q)
+    assert not config.tma_ready(dataclasses.replace(strides, k=(strides.k[0] * 2, *strides.k[1:])))
     one_pass = dataclasses.replace(_plan(_mla(batch=6, num_heads=16), num_kv_splits=1), hopper_narrow=True)
     assert dict(one_pass.hopper_stage1(one_pass.contiguous_strides()).param_types)["mid_o_ptr"] == "*bf16"
     refused = (

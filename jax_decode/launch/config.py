@@ -411,8 +411,9 @@ class LaunchConfig:
         return KernelLaunch("schedule_merge", grid, self.stage2_num_warps, 1, tuple(meta.items()))
 
     def tma_ready(self, strides: KernelStrides) -> bool:
-        """Whether q and the cache are row views a TMA descriptor can address: q's rows
-        (batch, token, head) and the cache's rows (page, slot) each one row stride apart,
+        """Whether q and the cache are row views a TMA descriptor can address (the cache
+        alone where the kernel reads q through a pointer): q's rows (batch, token, head)
+        and the cache's rows (page, slot) each one row stride apart,
         every row stride a multiple of 16 bytes and at least a row wide (a broadcast or
         overlapping view is not a TMA row view).  (Base addresses must be 16-byte aligned
         too; JAX's always are, torch's launcher checks.)"""
@@ -421,15 +422,20 @@ class LaunchConfig:
             row = p.num_kv_heads * p.head_dim_qk  # a slot's KV heads side by side, in bytes
             return all(s[0] == p.page_size * s[1] and s[2] == p.head_dim_qk and s[1] >= row and s[1] % 16 == 0
                        for s in (strides.k, strides.v))  # fmt: skip
+        cache_ok = (
+            strides.k[0] == p.page_size * strides.k[1]
+            and strides.k[1] * itemsize(p.cache_dtype) % 16 == 0
+            and strides.k[1] >= p.head_dim_qk
+        )
+        if self.hopper_narrow:  # (q is read through a pointer)
+            return cache_ok
         tokens_ok = p.q_len == 1 or strides.tokens[0] == p.num_heads * strides.q[1]
         return (
-            strides.q[0] == p.q_len * p.num_heads * strides.q[1]
+            cache_ok
+            and strides.q[0] == p.q_len * p.num_heads * strides.q[1]
             and tokens_ok
-            and strides.k[0] == p.page_size * strides.k[1]
             and strides.q[1] % 8 == 0  # (bfloat16 q: 16-byte rows)
-            and strides.k[1] * itemsize(p.cache_dtype) % 16 == 0
             and strides.q[1] >= p.head_dim_qk
-            and strides.k[1] >= p.head_dim_qk
         )
 
     def hopper_stage1(self, strides: KernelStrides) -> KernelLaunch:
