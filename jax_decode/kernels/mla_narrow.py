@@ -61,6 +61,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from jax_decode.kernels.mla_hopper import (
+    LN2,
+    LOG2E,
     ROPE_COL,
     _as_dtype,
     _cta_barrier,
@@ -71,8 +73,6 @@ from jax_decode.kernels.mla_hopper import (
     _zero_invalid_rows,
 )
 
-LOG2E = gl.constexpr(1.4426950408889634)
-LN2 = gl.constexpr(0.6931471805599453)
 BLOCK_N = gl.constexpr(64)  # tokens per tile: the MMAs' M
 HALF = gl.constexpr(256)  # latent columns per TMA box
 # Registers a thread of the producer warp keeps (Triton pads it to a warpgroup); the

@@ -553,50 +553,29 @@ class LaunchConfig:
             ("k_desc", "tma"), ("kr_desc", "tma"), ("q_ptr", _POINTER[p.dtype]), ("page_table_ptr", "*i32"),
             ("seq_lens_ptr", "*i32"), ("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"),
         )  # fmt: skip
-        q_meta = dict(STRIDE_QB=strides.q[0], STRIDE_QT=strides.tokens[0], STRIDE_QH=strides.q[1])
+        # The constexprs both kernels take (in their parameter order, around their own).
+        q_meta = dict(STRIDE_QB=strides.q[0], STRIDE_QT=strides.tokens[0], STRIDE_QH=strides.q[1],
+                      STRIDE_PTB=strides.page_table)  # fmt: skip
+        row_meta = dict(SM_SCALE=float(p.sm_scale), NUM_HEADS=p.num_heads, Q_LEN=p.q_len, PAGE_SIZE=p.page_size,
+                        CAPACITY=p.capacity)  # fmt: skip
+        tile_meta = dict(ROWS=16 if rows <= 16 else 32, NUM_STAGES=HOPPER_NARROW_STAGES)
         if self.schedule_programs:
             params = (
                 *inputs, ("schedule_ptr", "*i32"), ("num_pages", "i32"), ("batch", "i32"), ("mid_o_ptr", "*fp32"),
                 ("mid_lse_ptr", "*fp32"), ("out_ptr", _POINTER[p.dtype]), ("lse_ptr", "*fp32"),
             )  # fmt: skip
-            meta = dict(
-                **q_meta,
-                STRIDE_PTB=strides.page_table,
-                SM_SCALE=float(p.sm_scale),
-                NUM_HEADS=p.num_heads,
-                Q_LEN=p.q_len,
-                PAGE_SIZE=p.page_size,
-                CAPACITY=p.capacity,
-                ROWS=16 if rows <= 16 else 32,
-                NUM_STAGES=HOPPER_NARROW_STAGES,
-                NUM_PROGRAMS=self.schedule_programs,
-                CHUNK_COST=HOPPER_MLA_CHUNK_COST,
-                STRIDE_OB=strides.out[0],
-                STRIDE_OT=strides.tokens[3],
-                STRIDE_OH=strides.out[1],
-                STRIDE_LB=strides.lse[0],
-                STRIDE_LT=strides.tokens[4],
-                STRIDE_LH=strides.lse[1],
-                **fp8_meta,
-            )
+            out_meta = dict(
+                STRIDE_OB=strides.out[0], STRIDE_OT=strides.tokens[3], STRIDE_OH=strides.out[1],
+                STRIDE_LB=strides.lse[0], STRIDE_LT=strides.tokens[4], STRIDE_LH=strides.lse[1],
+            )  # fmt: skip
+            meta = dict(**q_meta, **row_meta, **tile_meta, NUM_PROGRAMS=self.schedule_programs,
+                        CHUNK_COST=HOPPER_MLA_CHUNK_COST, **out_meta, **fp8_meta)  # fmt: skip
             grid = (1, self.schedule_programs, 1)
             return KernelLaunch("mla_hopper_narrow_scheduled", grid, 4, 1, tuple(meta.items()), params, tma)
         out_type = _POINTER[p.dtype] if self.one_pass else "*fp32"
         params = (*inputs, ("num_pages", "i32"), ("mid_o_ptr", out_type), ("mid_lse_ptr", "*fp32"))
-        meta = dict(
-            **q_meta,
-            STRIDE_PTB=strides.page_table,
-            **_stage1_out_strides(strides, final=self.one_pass),
-            SM_SCALE=float(p.sm_scale),
-            NUM_HEADS=p.num_heads,
-            Q_LEN=p.q_len,
-            PAGE_SIZE=p.page_size,
-            CAPACITY=p.capacity,
-            NUM_KV_SPLITS=self.num_kv_splits,
-            ROWS=16 if rows <= 16 else 32,
-            NUM_STAGES=HOPPER_NARROW_STAGES,
-            **fp8_meta,
-        )
+        meta = dict(**q_meta, **_stage1_out_strides(strides, final=self.one_pass), **row_meta,
+                    NUM_KV_SPLITS=self.num_kv_splits, **tile_meta, **fp8_meta)  # fmt: skip
         return KernelLaunch("mla_hopper_narrow", (1, p.batch, self.num_kv_splits), 4, 1, tuple(meta.items()), params,
                             tma)  # fmt: skip
 
