@@ -81,14 +81,10 @@ def hopper_stage1_inputs(ops: DecodeOperands, problem: DecodeProblem, schedule=N
     TMA; with ``q_pointer`` (``LaunchConfig.hopper_q_pointer``: the GQA kernel and the
     narrow-group MLA kernel) it comes through a pointer.  ``schedule``: the device-side
     schedule's (for a config with ``schedule_programs``)."""
-    scales = _scale_inputs(ops, problem)
-    if q_pointer:
-        if schedule is None:
-            return (ops.q, ops.page_table, ops.seq_lens, *scales, problem.num_pages)
-        return (ops.q, ops.page_table, ops.seq_lens, *scales, schedule, problem.num_pages, problem.batch)
+    inputs = (*((ops.q,) if q_pointer else ()), ops.page_table, ops.seq_lens, *_scale_inputs(ops, problem))
     if schedule is None:
-        return (ops.page_table, ops.seq_lens, *scales, problem.num_pages)
-    return (ops.page_table, ops.seq_lens, *scales, schedule, problem.num_pages, problem.batch)
+        return (*inputs, problem.num_pages)
+    return (*inputs, schedule, problem.num_pages, problem.batch)
 
 
 def schedule_inputs(ops: DecodeOperands, problem: DecodeProblem) -> tuple:

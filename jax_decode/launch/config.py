@@ -451,26 +451,14 @@ class LaunchConfig:
             return self._hopper_narrow_stage1(strides)
         assert self.hopper_mla and self.tma_ready(strides)
         p = self.problem
-        latent, rope = (HOPPER_MLA_ROWS, p.head_dim_v), (HOPPER_MLA_ROWS, p.head_dim_qk - p.head_dim_v)
-        q_rows, k_rows = p.batch * p.q_len * p.num_heads, p.num_pages * p.page_size
-        kv_fp8 = p.cache_dtype == "float8_e4m3fn"  # (the seesaw kernels widen it in shared memory)
-        k_type = "fp8e4nv" if kv_fp8 else "bf16"
-        tma = (
-            TmaView("q", q_rows, p.head_dim_qk, strides.q[1], latent),
-            TmaView("q", q_rows, p.head_dim_qk, strides.q[1], rope),
-            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], latent, k_type),
-            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], rope, k_type),
-        )
-        descriptors = (("q_desc", "tma"), ("qr_desc", "tma"), ("k_desc", "tma"), ("kr_desc", "tma"))
         # The seesaw kernels: warp-specialised, 4 + 4 warps, latent blocks are halves.
         # Rows are (token, head) pairs in both kernels.
         seesaw = self.hopper_seesaw
-        assert seesaw or not kv_fp8, "an fp8 cache runs the seesaw kernels"
+        tma = self._mla_tma_views(strides, halves=seesaw)
+        descriptors = (("q_desc", "tma"), ("qr_desc", "tma"), ("k_desc", "tma"), ("kr_desc", "tma"))
+        assert seesaw or p.cache_dtype == "bfloat16", "an fp8 cache runs the seesaw kernels"
         scales = (("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"))
-        fp8_meta = dict(KV_FP8=kv_fp8, K_SCALE=p.k_scale, V_SCALE=p.v_scale) if seesaw else {}
-        if seesaw:
-            half = (HOPPER_MLA_ROWS, p.head_dim_v // 2)
-            tma = tuple(dataclasses.replace(view, block=half) if view.block == latent else view for view in tma)
+        fp8_meta = self._mla_fp8_meta() if seesaw else {}
         if self.schedule_programs:
             meta = dict(
                 STRIDE_PTB=strides.page_table,
@@ -519,6 +507,27 @@ class LaunchConfig:
         name, warps = ("mla_hopper_seesaw", 4) if seesaw else ("mla_hopper", 8)
         return KernelLaunch(name, grid, warps, 1, tuple(meta.items()), params, tma)
 
+    def _mla_tma_views(self, strides: KernelStrides, halves: bool) -> tuple[TmaView, ...]:
+        """The Gluon MLA kernels' TMA views: q's and the cache's latent and rope blocks
+        (64 rows each; with ``halves`` the latent in halves, as the seesaw and
+        narrow-group kernels copy it)."""
+        p = self.problem
+        latent = (HOPPER_MLA_ROWS, p.head_dim_v // 2 if halves else p.head_dim_v)
+        rope = (HOPPER_MLA_ROWS, p.head_dim_qk - p.head_dim_v)
+        q_rows, k_rows = p.batch * p.q_len * p.num_heads, p.num_pages * p.page_size
+        k_type = "fp8e4nv" if p.cache_dtype == "float8_e4m3fn" else "bf16"  # (widened in shared memory)
+        return (
+            TmaView("q", q_rows, p.head_dim_qk, strides.q[1], latent),
+            TmaView("q", q_rows, p.head_dim_qk, strides.q[1], rope),
+            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], latent, k_type),
+            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], rope, k_type),
+        )
+
+    def _mla_fp8_meta(self) -> dict:
+        """The Gluon MLA kernels' cache constexprs: an e4m3 cache and its scales' kinds."""
+        p = self.problem
+        return dict(KV_FP8=p.cache_dtype == "float8_e4m3fn", K_SCALE=p.k_scale, V_SCALE=p.v_scale)
+
     @property
     def hopper_q_pointer(self) -> bool:
         """The Gluon stage 1 reads q through a pointer (the GQA and narrow-group kernels),
@@ -539,16 +548,8 @@ class LaunchConfig:
                 f"got {rows}"
             )
         assert self.tma_ready(strides)
-        k_rows = p.num_pages * p.page_size
-        kv_fp8 = p.cache_dtype == "float8_e4m3fn"  # (widened to float16 in shared memory)
-        k_type = "fp8e4nv" if kv_fp8 else "bf16"
-        tma = (
-            TmaView("k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_v // 2), k_type),
-            TmaView(
-                "k_cache", k_rows, p.head_dim_qk, strides.k[1], (HOPPER_MLA_TILE, p.head_dim_qk - p.head_dim_v), k_type
-            ),
-        )
-        fp8_meta = dict(KV_FP8=kv_fp8, K_SCALE=p.k_scale, V_SCALE=p.v_scale)
+        tma = self._mla_tma_views(strides, halves=True)[2:]  # the cache's (q comes through a pointer)
+        fp8_meta = self._mla_fp8_meta()
         inputs = (
             ("k_desc", "tma"), ("kr_desc", "tma"), ("q_ptr", _POINTER[p.dtype]), ("page_table_ptr", "*i32"),
             ("seq_lens_ptr", "*i32"), ("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"),
