@@ -202,6 +202,19 @@ def _transpose_v(v_tile, vt, valid_rows, whole):
 
 
 @gluon.jit
+def _column_softmax(s, m_i, l_acc):
+    """One tile's online-softmax step down each column of S^T (base-2 scores; a column is
+    a query row): its P on the new running maximum, the factor that rescales what came
+    before, the new maximum and the per-element column sums.  A column with no valid
+    score yet keeps maximum -inf and P 0 (no exp of inf)."""
+    m_new = gl.maximum(m_i, gl.max(s, 0))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s - m_safe[None, :])
+    return p, alpha, m_new, l_acc * alpha[None, :] + p
+
+
+@gluon.jit
 def _consumer(args, consts: gl.constexpr):
     """One warpgroup: per tile S^T = K Q^T, the online softmax down each column, O^T += V^T P^T."""
     (k_desc, v_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, num_pages, mid_o_ptr, mid_lse_ptr,
@@ -299,12 +312,7 @@ def _consumer(args, consts: gl.constexpr):
         s = s * col_scale[None, :]
         if not whole:
             s = gl.where(valid[:, None], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[None, :])
-        l_acc = l_acc * alpha[None, :] + p
-        m_i = m_new
+        p, alpha, m_i, l_acc = _column_softmax(s, m_i, l_acc)
         p_terms = _split_e4m3(p * P_SCALE)
         p_hi.store(gl.permute(p_terms[0], (1, 0)))
         p_lo.store(gl.permute(p_terms[1], (1, 0)))

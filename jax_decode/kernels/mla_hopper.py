@@ -717,13 +717,27 @@ def _seesaw_scores(q_l, q_r, q_e, k_l, k_r, k_e, land, full, stage: gl.constexpr
 
 
 @gluon.jit
-def _seesaw_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRIDE_PTB: gl.constexpr,
-                  STRIDE_MOB: gl.constexpr, STRIDE_MOS: gl.constexpr, STRIDE_MLB: gl.constexpr,
-                  STRIDE_MLS: gl.constexpr, NUM_HEADS: gl.constexpr, CAPACITY: gl.constexpr,
-                  NUM_KV_SPLITS: gl.constexpr, NUM_PROGRAMS: gl.constexpr, CHUNK_COST: gl.constexpr,
-                  SCHEDULED: gl.constexpr, Q_LEN: gl.constexpr):  # fmt: skip
-    """A program's chunk ``c``: its positions ``[start, end)`` of a batch row, the row's
-    length, its page-table row, its first Q row and where its output and LSE go.  Fixed splits: the
+def _program_chunks(schedule_ptr, NUM_PROGRAMS: gl.constexpr, SCHEDULED: gl.constexpr):
+    """A Gluon MLA program's first batch row and number of chunks: fixed splits, one (its
+    split of row ``program_id(1)``); the device-side schedule, its rows in turn."""
+    if SCHEDULED:
+        first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
+        num_chunks = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1)) - first_row
+    else:
+        first_row = 0
+        num_chunks = 1
+    return first_row, num_chunks
+
+
+@gluon.jit
+def _mla_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRIDE_PTB: gl.constexpr,
+               STRIDE_MOB: gl.constexpr, STRIDE_MOS: gl.constexpr, STRIDE_MLB: gl.constexpr,
+               STRIDE_MLS: gl.constexpr, NUM_HEADS: gl.constexpr, CAPACITY: gl.constexpr,
+               NUM_KV_SPLITS: gl.constexpr, NUM_PROGRAMS: gl.constexpr, CHUNK_COST: gl.constexpr,
+               SCHEDULED: gl.constexpr, Q_LEN: gl.constexpr):  # fmt: skip
+    """A Gluon MLA program's chunk ``c`` (the seesaw's and the narrow-group kernel's): its
+    positions ``[start, end)`` of a batch row, the row's length, its page-table row, its
+    first Q row (the seesaw's TMA row) and where its output and LSE go.  Fixed splits: the
     one chunk of split ``program_id(2)`` of row ``program_id(1)``.  The device-side
     schedule (jax_decode.kernels.schedule): row ``first_row + c``'s chunk of program
     ``program_id(1)``, written to slot ``row + program_id(1)``."""
@@ -770,7 +784,7 @@ def _seesaw_store(o, lse, o_ptr, lse_ptr, o_base, lse_base, rows_o, rows_s, cols
 
 
 @gluon.jit
-def _seesaw_whole_row(c, first_row, schedule_ptr, NUM_PROGRAMS: gl.constexpr):
+def _mla_whole_row(c, first_row, schedule_ptr, NUM_PROGRAMS: gl.constexpr):
     """Under the device-side schedule: whether chunk ``c``'s row has no other chunk
     (the schedule's ``n_b == 1``, which the merge skips), and the row."""
     row = first_row + c
@@ -842,7 +856,7 @@ def _seesaw_partition(
     P0 has its own buffer, which WG 1 releases (``p0_free``) once P0 V0_R has retired.
 
     A program attends to its chunks in turn (one with fixed splits; a row's share of
-    the batch's work each under the device-side schedule, see :func:`_seesaw_chunk`):
+    the batch's work each under the device-side schedule, see :func:`_mla_chunk`):
     once both warpgroups are past a chunk's ``fin`` barrier, WG 0 starts the copies of
     the next chunk's Q and first two K tiles.  Every barrier's phase counts on across
     chunks (``pair_base``: pairs before this chunk; ``odd_base``: odd tiles).
@@ -873,16 +887,11 @@ def _seesaw_partition(
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
-    if SCHEDULED:
-        first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
-        num_chunks = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1)) - first_row
-    else:
-        first_row = 0
-        num_chunks = 1
+    first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
     pair_base = 0
     odd_base = 0
     for c in range(num_chunks):
-        seq_len, start, end, num_tiles, page_row_ptr, q_row, o_base, lse_base = _seesaw_chunk(
+        seq_len, start, end, num_tiles, page_row_ptr, q_row, o_base, lse_base = _mla_chunk(
             c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRIDE_PTB, STRIDE_MOB, STRIDE_MOS, STRIDE_MLB,
             STRIDE_MLS, NUM_HEADS, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS, CHUNK_COST, SCHEDULED, Q_LEN,
         )  # fmt: skip
@@ -1066,7 +1075,7 @@ def _seesaw_partition(
                 if c + 1 < num_chunks:
                     # Both warpgroups' products have retired: Q and K are free, and the next
                     # chunk's copies land while this one's output is stored.
-                    _, nstart, _, ntiles, npage_row_ptr, nq_row, _, _ = _seesaw_chunk(
+                    _, nstart, _, ntiles, npage_row_ptr, nq_row, _, _ = _mla_chunk(
                         c + 1, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRIDE_PTB, STRIDE_MOB,
                         STRIDE_MOS, STRIDE_MLB, STRIDE_MLS, NUM_HEADS, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS,
                         CHUNK_COST, SCHEDULED, Q_LEN,
@@ -1087,8 +1096,8 @@ def _seesaw_partition(
         lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
         whole: gl.constexpr = False  # fixed splits: every chunk is a split, stage 2 merges
         if SCHEDULED:
-            # (Read back here rather than kept from _seesaw_chunk: no register is spare.)
-            whole, row = _seesaw_whole_row(c, first_row, schedule_ptr, NUM_PROGRAMS)
+            # (Read back here rather than kept from _mla_chunk: no register is spare.)
+            whole, row = _mla_whole_row(c, first_row, schedule_ptr, NUM_PROGRAMS)
         if whole:  # the row's only chunk: the merge leaves it to this store
             _seesaw_store(o, lse, out_ptr, lse_ptr, row.to(gl.int64) * STRIDE_OB, row.to(gl.int64) * STRIDE_LB,
                           rows_o, rows_s, cols, STRIDE_OT, STRIDE_OH, STRIDE_LT, STRIDE_LH, NUM_HEADS, Q_LEN,

@@ -60,13 +60,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from jax_decode.kernels.gqa_hopper import _column_softmax
 from jax_decode.kernels.mla_hopper import (
     LN2,
     LOG2E,
     ROPE_COL,
     _as_dtype,
     _cta_barrier,
-    _program_positions,
+    _mla_chunk,
+    _mla_whole_row,
+    _program_chunks,
     _row_offsets,
     _tma_load,
     _widen_part,
@@ -82,41 +85,14 @@ PRODUCER_REGISTERS = gl.constexpr(40)
 
 
 @gluon.jit
-def _program_chunks(schedule_ptr, NUM_PROGRAMS: gl.constexpr, SCHEDULED: gl.constexpr):
-    """This program's first batch row and number of chunks: fixed splits, one (its split
-    of row ``program_id(1)``); the device-side schedule, its rows in turn."""
-    if SCHEDULED:
-        first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
-        num_chunks = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1)) - first_row
-    else:
-        first_row = 0
-        num_chunks = 1
-    return first_row, num_chunks
-
-
-@gluon.jit
-def _chunk_of(c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY: gl.constexpr, NUM_KV_SPLITS: gl.constexpr,
-              NUM_PROGRAMS: gl.constexpr, CHUNK_COST: gl.constexpr, SCHEDULED: gl.constexpr):  # fmt: skip
-    """Chunk ``c``'s batch row (int64), the row's clamped length, the chunk's ``[start,
-    end)`` (whole 64-token tiles) and tile count.  Fixed splits: split ``program_id(2)``
-    of row ``program_id(1)``; the schedule: row ``first_row + c``'s share of program
-    ``program_id(1)`` (jax_decode.kernels.schedule)."""
+def _chunk_row(c, first_row, SCHEDULED: gl.constexpr):
+    """The batch row (int64) of a program's chunk ``c`` (see
+    :func:`~jax_decode.kernels.mla_hopper._mla_chunk`)."""
     if SCHEDULED:
         row = first_row + c
-        batch_idx = row.to(gl.int64)
-        seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
-        tiles = gl.cdiv(seq_len, BLOCK_N)
-        lo, hi = _program_positions(schedule_ptr, gl.program_id(1), NUM_PROGRAMS)
-        row_tiles = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 3 * row) + CHUNK_COST  # S_b + CHUNK_COST
-        start = gl.minimum(gl.maximum(lo - row_tiles, 0), tiles) * BLOCK_N
-        end = gl.minimum(gl.minimum(gl.maximum(hi - row_tiles, 0), tiles) * BLOCK_N, seq_len)
     else:
-        batch_idx = gl.program_id(1).to(gl.int64)
-        seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + batch_idx), 0), CAPACITY)
-        per_split = gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
-        start = gl.program_id(2) * per_split
-        end = gl.minimum(start + per_split, seq_len)
-    return batch_idx, seq_len, start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+        row = gl.program_id(1)
+    return row.to(gl.int64)
 
 
 @gluon.jit
@@ -135,22 +111,18 @@ def _producer(args, consts: gl.constexpr):
     (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
      mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, q_l, q_r, q_e,
      p_smem) = args  # fmt: skip
-    STRIDE_PTB: gl.constexpr = consts[3]
     PAGE_SIZE: gl.constexpr = consts[15]
-    CAPACITY: gl.constexpr = consts[16]
-    NUM_KV_SPLITS: gl.constexpr = consts[17]
     NUM_STAGES: gl.constexpr = consts[19]
     NUM_PROGRAMS: gl.constexpr = consts[20]
-    CHUNK_COST: gl.constexpr = consts[21]
     SCHEDULED: gl.constexpr = consts[22]
     KV_FP8: gl.constexpr = consts[29]
     first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
     done = 0  # tiles of the earlier chunks: the ring's position and phase run on across chunks
     for c in range(num_chunks):
-        batch_idx, _seq_len, start, _end, num_tiles = _chunk_of(
-            c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS, CHUNK_COST, SCHEDULED
-        )
-        page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+        _seq_len, start, _end, num_tiles, page_row_ptr, _q_row, _o_base, _lse_base = _mla_chunk(
+            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts[3], consts[4], consts[7], consts[8],
+            consts[11], consts[13], consts[16], consts[17], NUM_PROGRAMS, consts[21], SCHEDULED, consts[14],
+        )  # fmt: skip
         for i in range(num_tiles):
             t = done + i
             stage = t % NUM_STAGES
@@ -212,24 +184,16 @@ def _consumer(args, consts: gl.constexpr):
     STRIDE_QB: gl.constexpr = consts[0]
     STRIDE_QT: gl.constexpr = consts[1]
     STRIDE_QH: gl.constexpr = consts[2]
-    STRIDE_PTB: gl.constexpr = consts[3]
-    STRIDE_MOB: gl.constexpr = consts[4]
     STRIDE_MOT: gl.constexpr = consts[5]
     STRIDE_MOH: gl.constexpr = consts[6]
-    STRIDE_MOS: gl.constexpr = consts[7]
-    STRIDE_MLB: gl.constexpr = consts[8]
     STRIDE_MLT: gl.constexpr = consts[9]
     STRIDE_MLH: gl.constexpr = consts[10]
-    STRIDE_MLS: gl.constexpr = consts[11]
     SM_SCALE: gl.constexpr = consts[12]
     NUM_HEADS: gl.constexpr = consts[13]
     Q_LEN: gl.constexpr = consts[14]
     PAGE_SIZE: gl.constexpr = consts[15]
-    CAPACITY: gl.constexpr = consts[16]
-    NUM_KV_SPLITS: gl.constexpr = consts[17]
     NUM_STAGES: gl.constexpr = consts[19]
     NUM_PROGRAMS: gl.constexpr = consts[20]
-    CHUNK_COST: gl.constexpr = consts[21]
     SCHEDULED: gl.constexpr = consts[22]
     STRIDE_OB: gl.constexpr = consts[23]
     STRIDE_OT: gl.constexpr = consts[24]
@@ -263,10 +227,11 @@ def _consumer(args, consts: gl.constexpr):
     first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
     done = 0  # tiles of the earlier chunks: the ring's position and phase run on across chunks
     for c in range(num_chunks):
-        batch_idx, seq_len, start, end, num_tiles = _chunk_of(
-            c, first_row, seq_lens_ptr, schedule_ptr, CAPACITY, NUM_KV_SPLITS, NUM_PROGRAMS, CHUNK_COST, SCHEDULED
-        )
-        page_row_ptr = page_table_ptr + batch_idx * STRIDE_PTB
+        seq_len, start, end, num_tiles, page_row_ptr, _q_row, o_base, lse_base = _mla_chunk(
+            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts[3], consts[4], consts[7], consts[8],
+            consts[11], NUM_HEADS, consts[16], consts[17], NUM_PROGRAMS, consts[21], SCHEDULED, Q_LEN,
+        )  # fmt: skip
+        batch_idx = _chunk_row(c, first_row, SCHEDULED)
         # The row's Q, (token, head) rows token-major, into shared memory (the previous
         # chunk's products are done with it: each tile ends with a warpgroup barrier).
         q_rows = batch_idx * STRIDE_QB + _row_offsets(rows.to(gl.int64), STRIDE_QT, STRIDE_QH, NUM_HEADS, Q_LEN)
@@ -313,12 +278,7 @@ def _consumer(args, consts: gl.constexpr):
             pos = tile_start + offs_t
             valid = ((pos < end) & ok)[:, None] & (pos[:, None] < limit[None, :])
             s = gl.where(valid, s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 0))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_safe)
-            p = gl.exp2(s - m_safe[None, :])
-            l_acc = l_acc * alpha[None, :] + p
-            m_i = m_new
+            p, alpha, m_i, l_acc = _column_softmax(s, m_i, l_acc)
             p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
             fence_async_shared()
             _cta_barrier()
@@ -336,24 +296,17 @@ def _consumer(args, consts: gl.constexpr):
         has_tokens = l_i > 0
         l_safe = gl.where(has_tokens, l_i, 1.0)
         lse = gl.where(has_tokens, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        # Under the schedule a row of one chunk goes to out and lse (the merge leaves it
+        # alone); every other chunk to its partials (a split's, or the schedule's slot).
+        whole: gl.constexpr = False
         if SCHEDULED:
-            # A row of one chunk goes to out and lse (the merge leaves it alone); the
-            # others to the chunk's slot, row + program, of the partials.
-            row = first_row + c
-            if gl.load(schedule_ptr + 2 + 2 * NUM_PROGRAMS + 3 * row) == 1:
-                _store_rows(acc_l, acc_r, lse, l_safe, rows, out_ptr, lse_ptr, batch_idx * STRIDE_OB,
-                            batch_idx * STRIDE_LB, STRIDE_OT, STRIDE_OH, STRIDE_LT, STRIDE_LH, NUM_HEADS, Q_LEN,
-                            s_layout, v_scale)  # fmt: skip
-            else:
-                slot = batch_idx + gl.program_id(1)
-                _store_rows(acc_l, acc_r, lse, l_safe, rows, mid_o_ptr, mid_lse_ptr, slot * (R * 512), slot * R,
-                            NUM_HEADS * 512, 512, NUM_HEADS, 1, NUM_HEADS, Q_LEN, s_layout, v_scale)  # fmt: skip
+            whole, _row = _mla_whole_row(c, first_row, schedule_ptr, NUM_PROGRAMS)
+        if whole:
+            _store_rows(acc_l, acc_r, lse, l_safe, rows, out_ptr, lse_ptr, batch_idx * STRIDE_OB, batch_idx * STRIDE_LB,
+                        STRIDE_OT, STRIDE_OH, STRIDE_LT, STRIDE_LH, NUM_HEADS, Q_LEN, s_layout, v_scale)  # fmt: skip
         else:
-            split = gl.program_id(2)
-            _store_rows(acc_l, acc_r, lse, l_safe, rows, mid_o_ptr, mid_lse_ptr,
-                        batch_idx * STRIDE_MOB + split * STRIDE_MOS, batch_idx * STRIDE_MLB + split * STRIDE_MLS,
-                        STRIDE_MOT, STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, s_layout,
-                        v_scale)  # fmt: skip
+            _store_rows(acc_l, acc_r, lse, l_safe, rows, mid_o_ptr, mid_lse_ptr, o_base, lse_base, STRIDE_MOT,
+                        STRIDE_MOH, STRIDE_MLT, STRIDE_MLH, NUM_HEADS, Q_LEN, s_layout, v_scale)  # fmt: skip
 
 
 @gluon.jit
@@ -503,9 +456,11 @@ def _mla_stage1_hopper_narrow_scheduled(
     grid ``(1, NUM_PROGRAMS, 1)``; chunk ``(p, b)`` to slot ``b + p`` of the partials,
     except that a row the schedule gives one chunk goes straight to ``out`` and ``lse``
     (the merge, run with ``SKIP_WHOLE``, leaves those rows alone)."""
-    consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, 0, 0, 0, 0, 0, 0, 0, 0, SM_SCALE, NUM_HEADS,
-                            Q_LEN, PAGE_SIZE, CAPACITY, 1, ROWS, NUM_STAGES, NUM_PROGRAMS, CHUNK_COST, True, STRIDE_OB,
-                            STRIDE_OT, STRIDE_OH, STRIDE_LB, STRIDE_LT, STRIDE_LH, KV_FP8, K_SCALE,
-                            V_SCALE)  # fmt: skip
+    # (Partials by slot, [slot, Q_LEN, NUM_HEADS, 512] and [slot, Q_LEN, NUM_HEADS], from
+    # the bases _mla_chunk gives.)
+    consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, 0, NUM_HEADS * 512, 512, 0, 0, NUM_HEADS, 1, 0,
+                            SM_SCALE, NUM_HEADS, Q_LEN, PAGE_SIZE, CAPACITY, 1, ROWS, NUM_STAGES, NUM_PROGRAMS,
+                            CHUNK_COST, True, STRIDE_OB, STRIDE_OT, STRIDE_OH, STRIDE_LB, STRIDE_LT, STRIDE_LH, KV_FP8,
+                            K_SCALE, V_SCALE)  # fmt: skip
     _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr,
                 num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts)  # fmt: skip
