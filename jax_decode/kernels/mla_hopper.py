@@ -510,31 +510,22 @@ def _mla_stage1_hopper_scheduled(
     block attends to the chunks of its positions ``[lo_p, lo_{p+1})``, row by row, writing
     chunk ``(p, b)`` to slot ``b + p``; grid ``(cdiv(num_heads, 64), NUM_PROGRAMS)``."""
     _check_shapes(q_desc, qr_desc, k_desc, PAGE_SIZE, NUM_STAGES)
-    first_row = gl.load(schedule_ptr + 1 + gl.program_id(1))
-    end_row = gl.load(schedule_ptr + 1 + NUM_PROGRAMS + gl.program_id(1))
+    first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, True)
     q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars = _chunk_buffers(q_desc, qr_desc, k_desc, kr_desc, NUM_STAGES)
     # Only the row is carried across chunks (the chunk's own loop needs every register
     # it can get); the program ids and the schedule are read again per chunk.  Still,
     # ptxas (triton 3.6) gives this kernel 255 registers and 32 bytes of spills against
     # the fixed-split kernel's 235 and none: one local reload per tile.
-    for row in range(first_row, end_row):
-        head_block = gl.program_id(0)
-        lo, hi = _program_positions(schedule_ptr, gl.program_id(1), NUM_PROGRAMS)
-        row_tiles = gl.load(schedule_ptr + 1 + 2 * NUM_PROGRAMS + 3 * row) + CHUNK_COST  # S_b + CHUNK_COST
-        row64 = row.to(gl.int64)
-        seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + row64), 0), CAPACITY)
-        tiles = gl.cdiv(seq_len, 64)
-        tile_lo = gl.minimum(gl.maximum(lo - row_tiles, 0), tiles)
-        tile_hi = gl.minimum(gl.maximum(hi - row_tiles, 0), tiles)
-        q_row = row * NUM_HEADS + head_block * 64
-        o, lse = _attend_chunk(
-            q_desc, qr_desc, k_desc, kr_desc, q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars,
-            page_table_ptr + row64 * STRIDE_PTB, num_pages, q_row, tile_lo * 64, gl.minimum(tile_hi * 64, seq_len),
-            0, seq_len, SM_SCALE, PAGE_SIZE, NUM_STAGES, PIPELINE, 1, NUM_HEADS,
+    for c in range(num_chunks):
+        seq_len, start, end, _num_tiles, page_row_ptr, q_row, o_base, lse_base = _mla_chunk(
+            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, STRIDE_PTB, 0, 0, 0, 0, NUM_HEADS, CAPACITY, 1,
+            NUM_PROGRAMS, CHUNK_COST, True, 1,
         )  # fmt: skip
-        slot = row64 + gl.program_id(1)
-        _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, slot * (NUM_HEADS * 512), slot * NUM_HEADS, gl.program_id(0), 512,
-                     1, NUM_HEADS)  # fmt: skip
+        o, lse = _attend_chunk(
+            q_desc, qr_desc, k_desc, kr_desc, q_lat, q_rope, k_lat, k_rope, p_smem, q_bar, k_bars, page_row_ptr,
+            num_pages, q_row, start, end, 0, seq_len, SM_SCALE, PAGE_SIZE, NUM_STAGES, PIPELINE, 1, NUM_HEADS,
+        )  # fmt: skip
+        _store_chunk(o, lse, mid_o_ptr, mid_lse_ptr, o_base, lse_base, gl.program_id(0), 512, 1, NUM_HEADS)
 
 
 # --------------------------------------------------------------------------------------
