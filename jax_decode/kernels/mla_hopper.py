@@ -663,9 +663,15 @@ def _q_to_f16(q_landed, q16):
     cache, as the portable kernel's fp8 products take q: values beyond +-65504 saturate,
     NaN stays NaN.  (Each thread rewrites the elements it read.)"""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    x = q_landed.index(0).load(layout).to(gl.float32)
-    x = gl.where(x == x, gl.minimum(gl.maximum(x, -65504.0), 65504.0), x).to(gl.float16)
-    q16.index(0).store(x)
+    q16.index(0).store(_saturate_f16(q_landed.index(0).load(layout)))
+
+
+@gluon.jit
+def _saturate_f16(x):
+    """``x`` as float16 the way the portable kernel's fp8 products take q: values beyond
+    +-65504 saturate, NaN stays NaN."""
+    x = x.to(gl.float32)
+    return gl.where(x == x, gl.minimum(gl.maximum(x, -65504.0), 65504.0), x).to(gl.float16)
 
 
 @gluon.jit

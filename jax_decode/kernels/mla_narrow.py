@@ -71,6 +71,7 @@ from jax_decode.kernels.mla_hopper import (
     _mla_whole_row,
     _program_chunks,
     _row_offsets,
+    _saturate_f16,
     _tma_load,
     _widen_part,
     _zero_invalid_rows,
@@ -149,9 +150,8 @@ def _store_q_part(q_ptr, q_rows, part, col: gl.constexpr, R: gl.constexpr, layou
     cols = col + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
     offsets = gl.convert_layout(q_rows, gl.SliceLayout(1, layout))
     q = gl.load(q_ptr + offsets[:, None] + cols[None, :], mask=(rows < R)[:, None], other=0.0)
-    if part.dtype == gl.float16:  # (for an fp8 cache) as the portable kernel takes q: saturated, NaN kept
-        q = q.to(gl.float32)
-        q = gl.where(q == q, gl.minimum(gl.maximum(q, -65504.0), 65504.0), q)
+    if part.dtype == gl.float16:  # (for an fp8 cache)
+        q = _saturate_f16(q)
     part.store(q.to(part.dtype))
 
 
