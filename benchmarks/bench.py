@@ -8,9 +8,9 @@ Measures, in one run: the copy bandwidth and the bf16 matmul throughput of the G
   choice is from the best this kernel can do.  Where the launch has a device-side
   schedule, it is made once per set of inputs (``torch_bridge.decode_schedule``), as a
   decode step's layers share one; FlashMLA's metadata is likewise computed once;
-* ``narrow`` where asked for: torch_bridge's plan with the Gluon MLA narrow-group kernels
-  (``LaunchConfig.hopper_narrow``; e4m3 rows with ``hopper_fp8``), on the sm_90 MLA rows
-  of at most 32 query rows they take -- opt-in kernels measured against the plan;
+* ``seesaw`` where asked for: torch_bridge's plan with the Gluon MLA seesaw in place of
+  the narrow-group kernels (``make_launch_config(..., hopper_narrow=False)``), on the
+  sm_90 MLA rows of at most 32 query rows, which the plan gives to the latter;
 * ``jax_decode``: the jitted triton backend;
 * ``vllm``: vLLM 0.9's ``decode_attention_fwd`` where it imports
   (``vllm.attention.ops.triton_decode_attention``) and supports the row, at its best
@@ -56,7 +56,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch
 from benchmarks.suites import SUITES, Row  # noqa: E402
 
 IMPLEMENTATIONS = (
-    "torch_bridge", "best split", "narrow", "jax_decode", "vllm", "flashmla", "pallas", "fa3_jax", "xla"
+    "torch_bridge", "best split", "seesaw", "jax_decode", "vllm", "flashmla", "pallas", "fa3_jax", "xla"
 )  # fmt: skip
 DEFAULT_IMPLS = ("torch_bridge", "best split", "jax_decode", "vllm", "flashmla")
 SPLIT_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -248,8 +248,8 @@ def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
 
     if "torch_bridge" in wanted:
         impls["torch_bridge"] = ("torch", bridge())
-    if "narrow" in wanted:
-        impls["narrow"] = _narrow(row, out_shape)
+    if "seesaw" in wanted:
+        impls["seesaw"] = _seesaw(row, out_shape)
     if "best split" in wanted:
         impls["best split"] = ("splits", {s: bridge(s) for s in sweep})
     for name, backend in (("jax_decode", "triton"), ("xla", "xla")):
@@ -268,12 +268,10 @@ def _implementations(row: Row, wanted: tuple[str, ...], sweep: tuple[int, ...]):
     return impls
 
 
-def _narrow(row: Row, out_shape):
-    """The frontends' plan with the Gluon MLA narrow-group kernels, launched through
-    torch_bridge's launcher; its schedule (where the plan has one) made once per set of
-    inputs, as ``torch_bridge``'s is."""
-    import dataclasses
-
+def _seesaw(row: Row, out_shape):
+    """The frontends' plan with the Gluon MLA seesaw where it has the narrow-group
+    kernels, launched through torch_bridge's launcher; its schedule (where the plan has
+    one) made once per set of inputs, as ``torch_bridge``'s is."""
     import torch
 
     from jax_decode.launch import make_launch_config
@@ -285,10 +283,9 @@ def _narrow(row: Row, out_shape):
     problem = row_problem(row)
     if not (row.mla and row.q_len * row.num_heads <= HOPPER_NARROW_MAX_ROWS):
         return ("skip", "unsupported")
-    config = make_launch_config(problem, device_info(torch.device(DEVICE)), None, hopper_fp8=bool(row.kv_dtype))
+    config = make_launch_config(problem, device_info(torch.device(DEVICE)), None, hopper_narrow=False)
     if not config.hopper_mla:
         return ("skip", "no Gluon MLA stage 1 here")
-    config = dataclasses.replace(config, hopper_narrow=True)
     out = torch.empty(out_shape, device=DEVICE, dtype=getattr(torch, row.dtype))
     lse = torch.empty(problem.lse_shape, device=DEVICE, dtype=torch.float32)
     prepared: dict[int, tuple] = {}  # per input set: operands and schedule, made at its first call

@@ -10,8 +10,10 @@ which of them the time is in, which ``benchmarks.bench``'s totals do not.
 and ``hopper_multi_token=False`` (the frontends' plan, as it was before those were
 measured), ``--portable-schedule`` with ``portable_schedule=True``, ``--two-warpgroups``
 runs the Gluon MLA stage 1's two-warpgroup kernel where
-the plan has the seesaw, ``--narrow`` its narrow-group kernels (the plan's schedule,
-or fixed splits with ``--splits`` or ``--fixed-splits``), ``--schedule-programs N ...`` the device-side schedule with N
+the plan has the seesaw or the narrow-group kernels, ``--seesaw`` plans with
+``hopper_narrow=False`` (the seesaw where the plan has the narrow-group kernels),
+``--hopper-fp8`` with ``hopper_fp8=True`` (the Gluon fp8 GQA stage 1),
+``--schedule-programs N ...`` the device-side schedule with N
 programs per head block (rows whose plan has none are refused, but for the Gluon MLA
 seesaw, which takes it for several query tokens too); these launch through
 torch_bridge's launcher.
@@ -30,9 +32,10 @@ _FRONTEND_PLAN = dict(device_schedule=True, hopper_multi_token=True, portable_sc
 
 
 def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw: bool = True,
-                 schedule_programs: int | None = None, narrow: bool = False, **plan_options):  # fmt: skip
+                 schedule_programs: int | None = None, **plan_options):  # fmt: skip
     """Mean device microseconds per call of each kernel one call of ``row`` launches
-    (``narrow``: the Gluon MLA narrow-group kernels, under the plan's schedule or splits)."""
+    (``seesaw`` False: the Gluon MLA two-warpgroup kernel where the plan has the seesaw
+    or the narrow-group kernels)."""
     import dataclasses
 
     import torch
@@ -51,15 +54,12 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
         return torch_bridge.decode_attention(*problem.arrays, num_kv_splits=num_kv_splits, **problem.extras,
                                              **_options(row))  # fmt: skip
 
-    if not seesaw or narrow or plan_options != _FRONTEND_PLAN or schedule_programs is not None:
+    if not seesaw or plan_options != _FRONTEND_PLAN or schedule_programs is not None:
         config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
-        if not seesaw and config.problem.q_len > 1:  # the two-warpgroup kernel's schedule takes one token
-            config = dataclasses.replace(config, schedule_programs=0)
-        config = dataclasses.replace(config, hopper_seesaw=seesaw)
-        if narrow:
-            if not config.hopper_mla:
-                raise ValueError(f"{row.label}: its plan has no Gluon MLA stage 1 for the narrow-group kernel")
-            config = dataclasses.replace(config, hopper_narrow=True)
+        if not seesaw:
+            if config.problem.q_len > 1:  # the two-warpgroup kernel's schedule takes one token
+                config = dataclasses.replace(config, schedule_programs=0)
+            config = dataclasses.replace(config, hopper_seesaw=False, hopper_narrow=False)
         if schedule_programs is not None:
             # (The Gluon MLA seesaw runs the schedule for any q_len, planned or not.)
             if not config.schedule_programs and not (config.hopper_mla and seesaw):
@@ -99,13 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--portable-schedule", action="store_true", help="let the schedule take the portable stage 1")
     parser.add_argument("--two-warpgroups", action="store_true", help="the Gluon MLA two-warpgroup kernel")
     parser.add_argument(
-        "--narrow",
-        action="store_true",
-        help="the Gluon MLA narrow-group kernels (tokens as the MMAs' rows)",
+        "--seesaw", action="store_true", help="the Gluon MLA seesaw where the plan has the narrow-group kernels"
     )
-    parser.add_argument(
-        "--hopper-fp8", action="store_true", help="fp8 rows on the Gluon kernels (MLA seesaw, GQA stage 1: hopper_fp8)"
-    )
+    parser.add_argument("--hopper-fp8", action="store_true", help="fp8 GQA rows on the Gluon stage 1 (hopper_fp8)")
     parser.add_argument(
         "--schedule-programs",
         type=int,
@@ -133,9 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.hopper_fp8:
             options["hopper_fp8"] = True
+        if args.seesaw:
+            options["hopper_narrow"] = False
         for splits in args.splits:
             for programs in args.schedule_programs:
-                times = kernel_times(row, args.calls, splits, not args.two_warpgroups, programs, args.narrow, **options)
+                times = kernel_times(row, args.calls, splits, not args.two_warpgroups, programs, **options)
                 parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
                 label = row.label + ("" if splits is None else f" ({splits} splits)")
                 label += "" if programs is None else f" ({programs} programs)"

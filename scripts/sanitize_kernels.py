@@ -18,7 +18,8 @@ documented semantics for these inputs.
 ``--hopper`` (an sm_90 GPU): the Gluon stage 1s instead -- bf16 MLA with 64-token
 pages at 16 and 128 heads, fixed splits, one pass, the device-side schedule and
 (token, head) rows, an e4m3 latent with scales, fp8 GQA (``hopper_fp8``) and the
-narrow-group MLA kernel (``hopper_narrow``) -- with the same adversarial inputs.  Their
+narrow-group MLA kernel (planned for 16 heads; ``hopper_narrow``) -- with the same
+adversarial inputs.  Their
 barriers are placed by hand, so run it under racecheck and synccheck too
 (``TOOL=racecheck scripts/sanitize.sh --hopper``); ``--hopper --fp8`` runs the fp8
 kernels only, ``--hopper --narrow`` the narrow-group kernel only.
@@ -168,13 +169,16 @@ def hopper_main() -> None:
     ]
     cases.append((dataclasses.replace(base, page_size=128, max_pages=2, num_kv_splits=None), {}))
     cases.append((dataclasses.replace(base, num_kv_splits=None), dict(device_schedule=True)))
+    # (16 heads plan the narrow-group kernel; the seesaw takes them where asked)
+    cases.append((dataclasses.replace(base, num_kv_splits=None), dict(hopper_narrow=False)))
     cases.append((dataclasses.replace(base, num_heads=128, num_kv_splits=None), dict(device_schedule=True)))
     cases.append((dataclasses.replace(base, q_len=2, num_kv_splits=None), dict(hopper_multi_token=True)))
     cases.append((dataclasses.replace(base, q_len=4, num_kv_splits=1), dict(hopper_multi_token=True)))
-    # An e4m3 latent with scales, widened in shared memory (hopper_fp8): fixed splits, the schedule.
+    # An e4m3 latent with scales, widened in shared memory (16 heads: the narrow-group
+    # kernel, 128: the seesaw): fixed splits, the schedule.
     fp8 = dataclasses.replace(base, kv_dtype="float8_e4m3fn", kv_scales="tensor")
     for heads, splits in ((16, 3), (128, None)):
-        cases.append((dataclasses.replace(fp8, num_heads=heads, num_kv_splits=splits), dict(hopper_fp8=True)))
+        cases.append((dataclasses.replace(fp8, num_heads=heads, num_kv_splits=splits), {}))
     # The fp8 GQA stage 1 (hopper_fp8): pages of 16 (four TMA boxes a tile) and 64, four
     # and 8 query heads a KV head.
     gqa = Case(num_heads=32, num_kv_heads=8, head_dim_qk=128, page_size=16, max_pages=9, dtype="bfloat16",
@@ -191,12 +195,12 @@ def hopper_main() -> None:
     for changes in (dict(num_kv_splits=None), dict(q_len=2, num_kv_splits=None)):
         options = dict(narrow=True, hopper_multi_token=True, schedule_programs=4)
         cases.append((dataclasses.replace(base, **changes), options))
-    # ... over an e4m3 latent with scales (hopper_fp8): splits and the schedule.
+    # ... over an e4m3 latent with scales: splits and the schedule.
     for splits, programs in ((3, 0), (None, 4)):
-        options = dict(narrow=True, hopper_fp8=True, schedule_programs=programs)
+        options = dict(narrow=True, schedule_programs=programs)
         cases.append((dataclasses.replace(fp8, num_kv_splits=splits), options))
     if "--fp8" in sys.argv:  # the fp8 Gluon kernels only
-        cases = [(case, options) for case, options in cases if options.get("hopper_fp8")]
+        cases = [(case, options) for case, options in cases if case.kv_dtype]
     if "--narrow" in sys.argv:  # the narrow-group kernel only
         cases = [(case, options) for case, options in cases if options.get("narrow")]
     variants = ["valid", "bad_page_ids", "bad_lengths", "narrow_page_table", "nan_inf"]

@@ -243,7 +243,7 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
     mla = _mla(batch=len(LENGTHS), num_heads=num_heads, max_pages=page_table.shape[1], num_pages=k_cache.shape[0],
                q_len=q_len or 1, token_axis=q_len is not None, **quantised)  # fmt: skip
     device = device_info(q.device)
-    config = make_launch_config(mla, device, num_kv_splits, hopper_fp8=fp8)
+    config = make_launch_config(mla, device, num_kv_splits, hopper_narrow=False)  # (narrow: set below)
     if narrow:
         config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0)
     if schedule:  # True: the planner's programs; a number: that many
@@ -299,7 +299,7 @@ def test_device_schedule_matches_oracle_and_jax_equals_torch(num_heads):
     [(None, 1, False), (None, 3, False), (None, None, True), (2, 2, False), (2, None, True)],
 )
 def test_fp8_cache_on_the_seesaw_matches_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits, schedule):
-    """An e4m3 latent with K and V scales on the seesaw kernels (``hopper_fp8``): each K
+    """An e4m3 latent with K and V scales on the seesaw kernels: each K
     part widened to float16 in shared memory as it lands, Q rewritten as float16; one
     pass, fixed splits, the device-side schedule and two query tokens (fixed splits and
     the schedule)."""
@@ -398,12 +398,12 @@ def _mla(batch=64, num_heads=128, page_size=64, max_pages=64, **changes):
     return DecodeProblem(**fields)
 
 
-def _plan(problem, hopper_kernels=True, num_kv_splits=None, device_schedule=True, hopper_fp8=False, **device):
+def _plan(problem, hopper_kernels=True, num_kv_splits=None, device_schedule=True, hopper_narrow=True, **device):
     from jax_decode.launch import DeviceInfo, make_launch_config
 
     device = DeviceInfo(**{**H200, **device}, hopper_kernels=hopper_kernels)
     return make_launch_config(problem, device, num_kv_splits, device_schedule=device_schedule,
-                              hopper_multi_token=problem.q_len > 1, hopper_fp8=hopper_fp8)  # fmt: skip
+                              hopper_multi_token=problem.q_len > 1, hopper_narrow=hopper_narrow)  # fmt: skip
 
 
 def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
@@ -418,7 +418,6 @@ def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
         dict(page_size=1, max_pages=4096),
         dict(max_pages=0),  # no page-table entry to read
         dict(dtype="float16"),
-        dict(kv_dtype="float8_e4m3fn"),
         dict(logit_cap=30.0),
         dict(window_left=1000),
         dict(has_sinks=True),
@@ -426,16 +425,23 @@ def test_planner_chooses_the_gluon_stage1_only_for_what_it_computes():
         dict(v_from_k=False),
     ):
         assert not _plan(_mla(**changes)).hopper_mla, changes
-    # An e4m3 latent (with or without scales) only where asked for (hopper_fp8, opt-in);
-    # e5m2 and a bfloat16 cache with scales never.
+    # An e4m3 latent with or without scales; e5m2 and a bfloat16 cache with scales never.
     from jax_decode.launch.problem import SCALE_NONE, SCALE_PER_KV_HEAD, SCALE_PER_TENSOR
 
     for scale in (SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_KV_HEAD):
-        e4m3 = _mla(kv_dtype="float8_e4m3fn", k_scale=scale, v_scale=scale)
-        assert not _plan(e4m3).hopper_mla and _plan(e4m3, hopper_fp8=True).hopper_mla, scale
-    assert not _plan(_mla(kv_dtype="float8_e5m2"), hopper_fp8=True).hopper_mla
-    assert not _plan(_mla(k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR), hopper_fp8=True).hopper_mla
-    assert not _plan(_mla(dtype="float16", kv_dtype="float8_e4m3fn"), hopper_fp8=True).hopper_mla
+        assert _plan(_mla(kv_dtype="float8_e4m3fn", k_scale=scale, v_scale=scale)).hopper_mla, scale
+    assert not _plan(_mla(kv_dtype="float8_e5m2")).hopper_mla
+    assert not _plan(_mla(k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR)).hopper_mla
+    assert not _plan(_mla(dtype="float16", kv_dtype="float8_e4m3fn")).hopper_mla
+    # At most 32 query rows (q_len x heads) go to the narrow-group kernels, bf16 or e4m3,
+    # unless the seesaw is asked for; more to the seesaw.
+    for changes in (dict(num_heads=16), dict(num_heads=16, q_len=2, token_axis=True), dict(num_heads=32),
+                    dict(num_heads=16, kv_dtype="float8_e4m3fn"), dict(num_heads=1)):  # fmt: skip
+        assert _plan(_mla(**changes)).hopper_narrow, changes
+        assert not _plan(_mla(**changes), hopper_narrow=False).hopper_narrow, changes
+    for changes in (dict(), dict(num_heads=33), dict(num_heads=16, q_len=3, token_axis=True), dict(num_heads=64)):
+        assert _plan(_mla(**changes)).hopper_mla and not _plan(_mla(**changes)).hopper_narrow, changes
+    assert not _plan(_mla(num_heads=16), hopper_kernels=False).hopper_narrow
 
 
 @pytest.mark.parametrize(
@@ -480,7 +486,9 @@ def test_gluon_splits_hedge_around_the_measured_best(batch, num_heads, max_pages
     assert config.one_pass == (splits == 1)
     launch = config.hopper_stage1(config.contiguous_strides())
     assert launch.grid == (head_blocks, batch, splits)
-    assert [view.operand for view in launch.tma] == ["q", "q", "k_cache", "k_cache"]
+    # (16 heads: the narrow-group kernel, q through a pointer)
+    q_views = [] if config.hopper_narrow else ["q", "q"]
+    assert [view.operand for view in launch.tma] == [*q_views, "k_cache", "k_cache"]
 
 
 def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
@@ -491,6 +499,7 @@ def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
     device = DeviceInfo(**H200, hopper_kernels=True)
     two = _mla(batch=8, num_heads=16, q_len=2, token_axis=True)
     assert not make_launch_config(two, device, hopper_multi_token=False).hopper_mla
+    assert make_launch_config(two, device).hopper_narrow  # 32 rows: planned narrow; the seesaw below
     from jax_decode.launch.planner import hopper_mla_schedule_programs
 
     # Planned with fixed splits (until the schedule of several tokens is timed on a GPU),
@@ -498,13 +507,13 @@ def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
     assert not make_launch_config(two, device).schedule_programs
     programs = hopper_mla_schedule_programs(two, device)
     assert programs == H200["num_sms"]
-    scheduled = dataclasses.replace(make_launch_config(two, device), schedule_programs=programs)
+    scheduled = dataclasses.replace(make_launch_config(two, device, hopper_narrow=False), schedule_programs=programs)
     launch = scheduled.hopper_stage1(scheduled.contiguous_strides())
     assert launch.kernel_name == "mla_hopper_seesaw_scheduled" and launch.grid == (1, H200["num_sms"], 1)
     assert dict(launch.constexprs)["Q_LEN"] == 2 and dict(launch.constexprs)["STRIDE_OT"] == 16 * 512
     with pytest.raises(ValueError, match="two-warpgroup kernel's device-side schedule takes one query token"):
         dataclasses.replace(scheduled, hopper_seesaw=False).hopper_stage1(scheduled.contiguous_strides())
-    config = make_launch_config(two, device, device_schedule=False)
+    config = make_launch_config(two, device, device_schedule=False, hopper_narrow=False)
     assert config.hopper_mla and not config.schedule_programs
     strides = config.contiguous_strides()
     launch = config.hopper_stage1(strides)
@@ -559,9 +568,10 @@ def test_narrow_group_launch():
         assert config.hopper_mla
         with pytest.raises(ValueError, match=message):
             dataclasses.replace(config, hopper_narrow=True).hopper_stage1(config.contiguous_strides())
-    # An e4m3 cache (planned with hopper_fp8): fp8 descriptors, the scales' flags.
+    # An e4m3 cache: fp8 descriptors, the scales' flags.
     fp8 = _mla(batch=6, num_heads=16, kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR)
-    config = dataclasses.replace(_plan(fp8, num_kv_splits=2, hopper_fp8=True), hopper_narrow=True)
+    config = _plan(fp8, num_kv_splits=2)
+    assert config.hopper_narrow
     launch = config.hopper_stage1(config.contiguous_strides())
     assert [view.dtype for view in launch.tma] == ["fp8e4nv", "fp8e4nv"]
     assert (launch.meta()["KV_FP8"], launch.meta()["K_SCALE"], launch.meta()["V_SCALE"]) == (True, 1, 1)
@@ -588,8 +598,8 @@ def _check_narrow_compile(num_heads, q_len, num_kv_splits, fp8=False) -> None:
 
     quantised = dict(kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR) if fp8 else {}
     problem = _mla(batch=3, num_heads=num_heads, max_pages=32, q_len=q_len, token_axis=q_len > 1, **quantised)
-    config = _plan(problem, num_kv_splits=num_kv_splits or 2, hopper_fp8=fp8)
-    config = dataclasses.replace(config, hopper_narrow=True)
+    config = _plan(problem, num_kv_splits=num_kv_splits or 2)
+    assert config.hopper_narrow
     if num_kv_splits is None:
         config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(problem, config.device))
     launch = config.hopper_stage1(config.contiguous_strides())
@@ -712,7 +722,7 @@ def test_tma_ready_needs_row_views():
 
     e4m3 = _mla(batch=2, num_heads=128, max_pages=4, kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR,
                 v_scale=SCALE_PER_TENSOR)  # fmt: skip
-    fp8 = _plan(e4m3, hopper_fp8=True)
+    fp8 = _plan(e4m3)
     assert fp8.tma_ready(dataclasses.replace(strides, k=(64 * 592, 592, 592)))
     assert not fp8.tma_ready(dataclasses.replace(strides, k=(64 * 584, 584, 584)))  # rows 584 bytes apart
 
@@ -740,7 +750,8 @@ def _check_product_compile(batch, num_heads, page_size, num_kv_splits, q_len=1, 
     quantised = dict(kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR) if fp8 else {}
     problem = _mla(batch=batch, num_heads=num_heads, page_size=page_size, max_pages=2048 // page_size, q_len=q_len,
                    token_axis=q_len > 1, **quantised)  # fmt: skip
-    config = dataclasses.replace(_plan(problem, num_kv_splits=num_kv_splits, hopper_fp8=fp8), hopper_seesaw=seesaw)
+    config = _plan(problem, num_kv_splits=num_kv_splits, hopper_narrow=False)  # (narrow: its own compile tests)
+    config = dataclasses.replace(config, hopper_seesaw=seesaw)
     assert config.hopper_mla
     if num_kv_splits is None:  # the schedule (planned for one token; forced for several)
         from jax_decode.launch.planner import hopper_mla_schedule_programs
@@ -832,14 +843,14 @@ def _check_jax_lowering(num_kv_splits) -> None:
         def step(q, k, pt, sl):  # noqa: F811
             return triton_backend.decode_attention(DecodeOperands(q, k, None, pt, sl), config)
 
-    if num_kv_splits == "e4m3":  # an fp8 latent with scales (hopper_fp8): fp8 descriptors, two scale pointers
+    if num_kv_splits == "e4m3":  # an fp8 latent with scales: fp8 descriptors, two scale pointers
         from jax_decode.launch.problem import SCALE_PER_TENSOR
 
         args = (args[0], sds(args[1].shape, jnp.float8_e4m3fn), *args[2:], sds((1,), jnp.float32),
                 sds((1,), jnp.float32))  # fmt: skip
         config = _plan(_mla(batch=batch, num_heads=num_heads, max_pages=max_pages, num_pages=num_pages,
                             kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR),
-                       num_kv_splits=2, hopper_fp8=True)  # fmt: skip
+                       num_kv_splits=2)  # fmt: skip
         assert config.hopper_mla
 
         def step(q, k, pt, sl, k_scale, v_scale):  # noqa: F811

@@ -188,7 +188,9 @@ def test_merge_of_scheduled_chunks_matches_the_oracle(name, seesaw, heads, num_s
 
     seq_lens = LENGTH_SETS[name]
     batch = len(seq_lens)
-    config = dataclasses.replace(_config(batch, num_heads=heads, num_sms=num_sms), hopper_seesaw=seesaw)
+    config = _config(batch, num_heads=heads, num_sms=num_sms)
+    # (the planned narrow-group kernel writes rows of one chunk itself, as the seesaw does)
+    config = dataclasses.replace(config, hopper_seesaw=seesaw, hopper_narrow=config.hopper_narrow and seesaw)
     p = config.problem
     programs = config.schedule_programs
     rng = np.random.default_rng(0)
@@ -233,3 +235,27 @@ def test_merge_of_scheduled_chunks_matches_the_oracle(name, seesaw, heads, num_s
         np.testing.assert_allclose(lse[b].numpy(), want_lse, rtol=1e-5, atol=1e-5)
     # (at 32 SMs every row of these has several chunks)
     assert whole > 0 or not seesaw or num_sms == 32
+
+
+@pytest.mark.parametrize(
+    "batch, heads, block_hm",
+    # DeepSeek-V3 on 132 SMs: TP8 b16 and b64 merge with one and two heads a program
+    # (256 and 512 programs); TP8 b128 and DP b16/b64 keep four (512, 512, 2048).
+    [(16, 16, 1), (64, 16, 2), (128, 16, 4), (16, 128, 4), (64, 128, 4), (3, 4, 1)],
+)
+def test_merge_takes_fewer_heads_a_program_on_small_grids(batch, heads, block_hm):
+    """The merge's heads per program: at most SCHEDULE_MERGE_HEADS, fewer while the grid
+    stays within SCHEDULE_MERGE_PROGRAMS_PER_SM programs an SM (a program's chunk loads
+    are one SM's)."""
+    import dataclasses
+
+    from jax_decode.launch.config import SCHEDULE_MERGE_HEADS, SCHEDULE_MERGE_PROGRAMS_PER_SM
+
+    config = _config(batch, num_heads=heads, num_sms=132)
+    config = dataclasses.replace(config, schedule_programs=max(config.schedule_programs, 2))
+    launch = config.schedule_merge(config.contiguous_strides())
+    assert launch.meta()["BLOCK_HM"] == block_hm <= SCHEDULE_MERGE_HEADS
+    assert launch.grid == (batch, math.ceil(heads / block_hm), 1)
+    most = SCHEDULE_MERGE_PROGRAMS_PER_SM * 132
+    assert block_hm == SCHEDULE_MERGE_HEADS or math.prod(launch.grid) <= most
+    assert block_hm == 1 or batch * math.ceil(heads / (block_hm // 2)) > most  # no fewer heads would fit

@@ -62,8 +62,8 @@ registers, no spills (triton 3.6).  On
 the H100, b64 ctx4k 150.7 us against 178.7 for the kernel above and 131.5 for FlashMLA
 in the same run; b128 ctx1k 109.4 against 120.4 and 77.2 (docs/performance.md).
 
-An e4m3 latent (``KV_FP8``, the seesaw kernels only; planned with
-``make_launch_config(..., hopper_fp8=True)``, which the frontends do not pass yet): the
+An e4m3 latent (``KV_FP8``, the seesaw kernels of this module; planned wherever the
+cache is e4m3): the
 same buffers and schedule, but each K part is copied as fp8 into the upper half of its
 own (16-bit) buffer and widened there to float16 by the warpgroup that scores the tile,
 as the part lands (``_widen_part``: the low columns first, the rest after a warpgroup
@@ -72,8 +72,8 @@ float16, so the products run in float16 (e4m3 values are exact in it) with P in 
 The scales multiply the scores (K) and the finished output (V).  It compiles for sm_90
 (under triton 3.9: 231,596 bytes of shared memory, 128 more than bf16's, 255 registers,
 8-16 bytes of stack with fixed splits and 232 scheduled, where the bf16 build has none
-and 184).  On an H100 its GPU tests pass; it is opt-in until the sanitizer's fp8 cases
-have run (docs/performance.md, fp8).
+and 184).  On an H100 its GPU tests pass and its sanitizer cases run clean under
+memcheck (docs/performance.md, fp8).
 
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per

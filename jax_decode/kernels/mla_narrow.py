@@ -1,5 +1,6 @@
-"""Stage 1 of MLA decode (576/512, bf16 cache) for few query rows per latent head, on
-Hopper (sm_90), in Gluon: the tokens are the MMAs' rows ("swap AB").
+"""Stage 1 of MLA decode (576/512, bf16 or e4m3 cache) for few query rows per latent
+head, on Hopper (sm_90), in Gluon: the tokens are the MMAs' rows ("swap AB").  The
+planner's choice for at most 32 query rows (``LaunchConfig.hopper_narrow``).
 
 Imports only ``triton``.  Dimension names as in :mod:`jax_decode.kernels.decode`.
 

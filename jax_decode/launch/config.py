@@ -45,11 +45,17 @@ GQA_HOPPER_REGISTERS = 80
 # The device-side schedule's fixed cost of starting a row's chunk (loading Q, filling
 # the pipeline, writing a partial result), in 64-token tiles; FlashMLA uses 5 too.
 HOPPER_MLA_CHUNK_COST = 5
-# Heads per program of the schedule's merge: enough programs to read many rows' chunks
-# in parallel, few enough that a uniform batch's merge, which only finds that stage 1
-# wrote every row itself, ends soon (H100, DeepSeek-V3: 4 heads per program took DP b64's
-# merge from 9.3 us at one head to 2.3; 16 heads cost DP b16, whose rows all merge, 7 us).
+# Heads per program of the schedule's merge, at most: enough programs to read many rows'
+# chunks in parallel, few enough that a uniform batch's merge, which only finds that
+# stage 1 wrote every row itself, ends soon (H100, DeepSeek-V3: 4 heads per program took
+# DP b64's merge from 9.3 us at one head to 2.3; 16 heads cost DP b16, whose rows all
+# merge, 7 us).  Fewer where the grid would be small: a program's chunk loads are one
+# SM's, and at 4 heads of 512 DeepSeek-V3 TP8 b16's 64 programs took 5.6 us to merge
+# what fixed splits' 256 merge in 1.6.
 SCHEDULE_MERGE_HEADS = 4
+# ... fewer heads per program, down to one, while the grid stays within this many
+# programs per SM.
+SCHEDULE_MERGE_PROGRAMS_PER_SM = 4
 # Chunks the schedule's merge loads at once (most rows of a long-tailed batch have two or
 # three): their partials arrive in one round of loads instead of one per chunk.
 SCHEDULE_MERGE_CHUNKS = 4
@@ -205,10 +211,10 @@ class LaunchConfig:
     # schedule); False: the two-warpgroup kernel, the benchmarks' and tests' baseline
     # (its schedule takes one query token).
     hopper_seesaw: bool = True
-    # With hopper_mla and at most HOPPER_NARROW_MAX_ROWS query rows (q_len x heads; a bf16
-    # cache, or e4m3 where hopper_fp8 planned the Gluon kernels): the narrow-group kernels
-    # (jax_decode.kernels.mla_narrow, tokens as the MMAs' rows; fixed splits or the
-    # schedule) instead.  Opt-in until run and timed on a GPU.
+    # With hopper_mla and at most HOPPER_NARROW_MAX_ROWS query rows (q_len x heads): the
+    # narrow-group kernels (jax_decode.kernels.mla_narrow, tokens as the MMAs' rows; fixed
+    # splits or the schedule) instead of the seesaw (the planner's choice; see its
+    # hopper_narrow option).
     hopper_narrow: bool = False
 
     @property
@@ -378,9 +384,12 @@ class LaunchConfig:
     def schedule_merge(self, strides: KernelStrides) -> KernelLaunch:
         """The merge of the scheduled chunks into ``out`` and ``lse`` (whose strides are
         ``strides``'; the partials are contiguous): one program per (batch row, block
-        of ``SCHEDULE_MERGE_HEADS`` heads, query token)."""
+        of up to ``SCHEDULE_MERGE_HEADS`` heads, query token)."""
         p = self.problem
         block_hm = min(SCHEDULE_MERGE_HEADS, next_power_of_2(p.num_heads))
+        most = SCHEDULE_MERGE_PROGRAMS_PER_SM * self.device.num_sms
+        while block_hm > 1 and p.batch * cdiv(p.num_heads, block_hm // 2) * p.q_len <= most:
+            block_hm //= 2
         partials = _scheduled_stage1_out_strides(p)
         meta = dict(
             STRIDE_MOS=partials["STRIDE_MOB"],

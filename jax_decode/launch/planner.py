@@ -20,6 +20,7 @@ from jax_decode.launch.config import (
     HOPPER_MLA_CHUNK_COST,
     HOPPER_MLA_ROWS,
     HOPPER_MLA_TILE,
+    HOPPER_NARROW_MAX_ROWS,
     LaunchConfig,
     Variant,
 )
@@ -174,10 +175,10 @@ def _tensor_core_blocks(p: DecodeProblem, device: DeviceInfo) -> bool:
     )
 
 
-def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool, fp8: bool = False) -> bool:
+def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool) -> bool:
     """What the Gluon sm_90 MLA stage 1 computes: one latent KV head of 576 = 512 + 64
-    with V its first 512 columns, bfloat16 q and cache (or, where ``fp8``, an e4m3 cache
-    with any scales), no soft-cap, window or sinks, pages of whole 64-token tiles, and
+    with V its first 512 columns, bfloat16 q, a bfloat16 cache (or an e4m3 one with any
+    scales), no soft-cap, window or sinks, pages of whole 64-token tiles, and
     TMA's 32-bit row coordinates; one query token, or several where ``multi_token``."""
     bf16_cache = p.cache_dtype == "bfloat16" and p.k_scale == p.v_scale == SCALE_NONE
     return (
@@ -188,7 +189,7 @@ def _hopper_mla(p: DecodeProblem, device: DeviceInfo, multi_token: bool, fp8: bo
         and p.num_kv_heads == 1
         and (p.head_dim_qk, p.head_dim_v) == (576, 512)
         and p.dtype == "bfloat16"
-        and (bf16_cache or (fp8 and p.cache_dtype == "float8_e4m3fn"))
+        and (bf16_cache or p.cache_dtype == "float8_e4m3fn")
         and (p.q_len == 1 or multi_token)
         and p.logit_cap == 0
         and p.window_left < 0
@@ -370,6 +371,7 @@ def make_launch_config(
     hopper_multi_token: bool = True,
     portable_schedule: bool = False,
     hopper_fp8: bool = False,
+    hopper_narrow: bool = True,
 ) -> LaunchConfig:
     """The launch for ``problem`` on ``device``; ``num_kv_splits=None`` picks one.
 
@@ -387,11 +389,15 @@ def make_launch_config(
     by default: on an H100 the schedule beat every fixed split on long-tailed batches
     (3-7%) but ranged from 4% faster to 8% slower than the hedge on uniform ones, which
     this rule does not yet tell apart (docs/performance.md).
-    ``hopper_fp8``: let the Gluon kernels take an e4m3 cache: the MLA stage 1 (the seesaw
-    kernels, widening it to float16 in shared memory as it lands) and the GQA stage 1
+    ``hopper_fp8``: let the Gluon fp8 GQA stage 1 take an e4m3 cache
     (:mod:`jax_decode.kernels.gqa_hopper`, e4m3 tensor-core products).  Off by default:
-    on an H100 the MLA path passes its GPU tests but its sanitizer cases have not run, and
-    the GQA stage 1 is level with the portable fp8 kernel (docs/performance.md, fp8).
+    on an H100 it is level with the portable fp8 kernel (docs/performance.md, fp8).  (The
+    Gluon MLA kernels take an e4m3 latent without it, widening it to float16 in shared
+    memory: on an H100 1.4-3.8x faster than the portable fp8 kernel.)
+    ``hopper_narrow``: give the Gluon MLA stage 1 of at most ``HOPPER_NARROW_MAX_ROWS``
+    query rows (q_len x heads: DeepSeek-V3 at TP8) to the narrow-group kernels
+    (:mod:`jax_decode.kernels.mla_narrow`), not the seesaw, which pads them to 64; False
+    keeps the seesaw (benchmarks compare).
     """
     p = problem
     check_cache_dtype_on_device(p.cache_dtype, device)
@@ -433,7 +439,7 @@ def make_launch_config(
         # per program only add issue slots the memory system cannot feed.
         num_warps = 4
 
-    hopper_mla = _hopper_mla(p, device, hopper_multi_token, hopper_fp8)
+    hopper_mla = _hopper_mla(p, device, hopper_multi_token)
     hopper_gqa = _hopper_gqa(p, device, hopper_fp8)
     programs, wave = 0, 0
     if num_kv_splits is None and hopper_gqa:
@@ -475,6 +481,7 @@ def make_launch_config(
         hopper_mla=hopper_mla,
         hopper_gqa=hopper_gqa,
         schedule_programs=programs,
+        hopper_narrow=hopper_narrow and hopper_mla and p.q_len * p.num_heads <= HOPPER_NARROW_MAX_ROWS,
     )
     if wave:  # the portable stage 1 under the schedule
         programs = schedule_programs(p, wave, block_n, config.schedule_chunk_cost)
