@@ -10,7 +10,8 @@ which of them the time is in, which ``benchmarks.bench``'s totals do not.
 and ``hopper_multi_token=False`` (the frontends' plan, as it was before those were
 measured), ``--portable-schedule`` with ``portable_schedule=True``, ``--two-warpgroups``
 runs the Gluon MLA stage 1's two-warpgroup kernel where
-the plan has the seesaw or the narrow-group kernels, ``--seesaw`` plans with
+the plan has the seesaw or the narrow-group kernels over a bf16 cache (other rows are
+skipped), ``--seesaw`` plans with
 ``hopper_narrow=False`` (the seesaw where the plan has the narrow-group kernels),
 ``--hopper-fp8`` with ``hopper_fp8=True`` (the Gluon fp8 GQA stage 1),
 ``--schedule-programs N ...`` the device-side schedule with N
@@ -57,6 +58,8 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
     if not seesaw or plan_options != _FRONTEND_PLAN or schedule_programs is not None:
         config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
         if not seesaw:
+            if config.problem.cache_dtype != "bfloat16":
+                raise ValueError(f"{row.label}: the two-warpgroup kernel takes a bfloat16 cache")
             if config.problem.q_len > 1:  # the two-warpgroup kernel's schedule takes one token
                 config = dataclasses.replace(config, schedule_programs=0)
             config = dataclasses.replace(config, hopper_seesaw=False, hopper_narrow=False)
@@ -133,10 +136,14 @@ def main(argv: list[str] | None = None) -> int:
             options["hopper_narrow"] = False
         for splits in args.splits:
             for programs in args.schedule_programs:
-                times = kernel_times(row, args.calls, splits, not args.two_warpgroups, programs, **options)
-                parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
                 label = row.label + ("" if splits is None else f" ({splits} splits)")
                 label += "" if programs is None else f" ({programs} programs)"
+                try:
+                    times = kernel_times(row, args.calls, splits, not args.two_warpgroups, programs, **options)
+                except ValueError as error:  # a kernel asked for that this row's plan cannot run
+                    print(f"{label}: skipped ({error})", flush=True)
+                    continue
+                parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in times.items())
                 print(f"{label}: {sum(times.values()):.1f} us = {parts}", flush=True)
     return 0
 

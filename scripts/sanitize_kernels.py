@@ -174,11 +174,13 @@ def hopper_main() -> None:
     cases.append((dataclasses.replace(base, num_heads=128, num_kv_splits=None), dict(device_schedule=True)))
     cases.append((dataclasses.replace(base, q_len=2, num_kv_splits=None), dict(hopper_multi_token=True)))
     cases.append((dataclasses.replace(base, q_len=4, num_kv_splits=1), dict(hopper_multi_token=True)))
-    # An e4m3 latent with scales, widened in shared memory (16 heads: the narrow-group
-    # kernel, 128: the seesaw): fixed splits, the schedule.
+    # The seesaw under the schedule (these short rows plan one split: four programs forced).
+    cases.append((dataclasses.replace(base, num_heads=128, num_kv_splits=None), dict(schedule_programs=4)))
+    # An e4m3 latent with scales on the seesaw, widened in shared memory: one pass, fixed
+    # splits, the schedule (the narrow-group kernel's e4m3 cases below).
     fp8 = dataclasses.replace(base, kv_dtype="float8_e4m3fn", kv_scales="tensor")
-    for heads, splits in ((16, 3), (128, None)):
-        cases.append((dataclasses.replace(fp8, num_heads=heads, num_kv_splits=splits), {}))
+    for splits, programs in ((None, 0), (3, 0), (None, 4)):
+        cases.append((dataclasses.replace(fp8, num_heads=128, num_kv_splits=splits), dict(schedule_programs=programs)))
     # The fp8 GQA stage 1 (hopper_fp8): pages of 16 (four TMA boxes a tile) and 64, four
     # and 8 query heads a KV head.
     gqa = Case(num_heads=32, num_kv_heads=8, head_dim_qk=128, page_size=16, max_pages=9, dtype="bfloat16",

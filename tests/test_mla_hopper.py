@@ -568,6 +568,10 @@ def test_narrow_group_launch():
         assert config.hopper_mla
         with pytest.raises(ValueError, match=message):
             dataclasses.replace(config, hopper_narrow=True).hopper_stage1(config.contiguous_strides())
+    # The two-warpgroup kernel asked for (hopper_seesaw=False) over a narrow plan: refused, not ignored.
+    narrow = _plan(_mla(batch=6, num_heads=16), num_kv_splits=2)
+    with pytest.raises(ValueError, match="two-warpgroup kernel: set hopper_narrow=False"):
+        dataclasses.replace(narrow, hopper_seesaw=False).hopper_stage1(narrow.contiguous_strides())
     # An e4m3 cache: fp8 descriptors, the scales' flags.
     fp8 = _mla(batch=6, num_heads=16, kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR)
     config = _plan(fp8, num_kv_splits=2)
@@ -658,19 +662,25 @@ def test_gluon_constexprs_follow_the_kernel_parameters():
         pytest.skip(_gluon_hopper_missing())
     import dataclasses
 
-    for config in (
+    configs = (
         _plan(_mla(batch=1)),
-        _plan(_mla(batch=4, num_heads=16)),
-        _plan(_mla(batch=4, num_heads=16), num_kv_splits=1),
-        _plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True)),
+        _plan(_mla(batch=4, num_heads=16), hopper_narrow=False),
+        _plan(_mla(batch=4, num_heads=16), num_kv_splits=1, hopper_narrow=False),
+        _plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True), hopper_narrow=False),
         dataclasses.replace(
-            _plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True), device_schedule=False), hopper_seesaw=False
+            _plan(_mla(batch=4, num_heads=16, q_len=2, token_axis=True), device_schedule=False, hopper_narrow=False),
+            hopper_seesaw=False,
         ),
         dataclasses.replace(_plan(_mla(batch=4)), hopper_seesaw=False),
-        dataclasses.replace(_plan(_mla(batch=4, num_heads=16), device_schedule=False), hopper_narrow=True),
-        dataclasses.replace(_plan(_mla(batch=4, num_heads=16)), hopper_narrow=True),  # (the schedule)
-    ):
+        _plan(_mla(batch=4, num_heads=16), device_schedule=False),
+        _plan(_mla(batch=4, num_heads=16)),  # (the schedule)
+    )
+    # the seesaw (fixed, scheduled), the two-warpgroup kernel (fixed, scheduled), the narrow (fixed, scheduled)
+    kernels = ["mla_hopper_seesaw", "mla_hopper_seesaw_scheduled", "mla_hopper_seesaw", "mla_hopper_seesaw",
+               "mla_hopper", "mla_hopper_scheduled", "mla_hopper_narrow", "mla_hopper_narrow_scheduled"]  # fmt: skip
+    for config, kernel in zip(configs, kernels, strict=True):
         launch = config.hopper_stage1(config.contiguous_strides())
+        assert launch.kernel_name == kernel
         names = list(inspect.signature(gluon_kernel(launch.kernel_name).fn).parameters)
         runtime = [name for name, _ in launch.param_types]
         assert names == runtime + [name for name, _ in launch.constexprs], launch.kernel_name

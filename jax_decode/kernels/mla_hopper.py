@@ -72,8 +72,8 @@ float16, so the products run in float16 (e4m3 values are exact in it) with P in 
 The scales multiply the scores (K) and the finished output (V).  It compiles for sm_90
 (under triton 3.9: 231,596 bytes of shared memory, 128 more than bf16's, 255 registers,
 8-16 bytes of stack with fixed splits and 232 scheduled, where the bf16 build has none
-and 184).  On an H100 its GPU tests pass and its sanitizer cases run clean under
-memcheck (docs/performance.md, fp8).
+and 184).  On an H100 its GPU tests pass and its fixed-split and one-pass sanitizer
+cases ran clean under memcheck (docs/performance.md, fp8).
 
 Output: exactly what ``_decode_stage1`` writes, so ``_decode_stage2`` merges it
 unchanged: ``mid_o`` f32 ``[batch, num_heads, num_kv_splits, 512]`` normalised per

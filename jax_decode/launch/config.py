@@ -457,6 +457,8 @@ class LaunchConfig:
         if self.hopper_gqa:
             return self._hopper_gqa_stage1(strides)
         if self.hopper_narrow:
+            if not self.hopper_seesaw:
+                raise ValueError("hopper_seesaw=False asks for the two-warpgroup kernel: set hopper_narrow=False too")
             return self._hopper_narrow_stage1(strides)
         assert self.hopper_mla and self.tma_ready(strides)
         p = self.problem
