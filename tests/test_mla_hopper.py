@@ -474,8 +474,9 @@ def test_gluon_splits_hedge_around_the_measured_best(batch, num_heads, max_pages
     # Several rows: the device-side schedule, one wave of programs, unless one fixed
     # split writes the output in one pass; the fixed splits remain what the portable
     # stand-in (and a batch of one row) runs.
-    # One wave, or 64 programs of 66 for 64 rows (they divide the batch).
-    wave = 64 if (batch, head_blocks) == (64, 2) else 132 // head_blocks
+    # One wave, or the most programs within it that divide the batch or are a multiple
+    # of it (b8 and b64 at 128 heads: 64 of 66; b64 at 16: 128 of 132).
+    wave = {(8, 2): 64, (64, 2): 64, (64, 1): 128}.get((batch, head_blocks), 132 // head_blocks)
     assert config.schedule_programs == (0 if batch == 1 or config.num_kv_splits == 1 else wave)
     if config.schedule_programs:
         launch = config.hopper_stage1(config.contiguous_strides())
@@ -503,13 +504,14 @@ def test_multi_token_rows_on_the_gluon_kernel_unless_told_not_to():
     from jax_decode.launch.planner import hopper_mla_schedule_programs
 
     # Planned with fixed splits (until the schedule of several tokens is timed on a GPU),
-    # but the seesaw's schedule takes them: one 32-row block a program.
+    # but the seesaw's schedule takes them: one 32-row block a program (a wave of 132,
+    # 128 of them: 16 a row of the 8).
     assert not make_launch_config(two, device).schedule_programs
     programs = hopper_mla_schedule_programs(two, device)
-    assert programs == H200["num_sms"]
+    assert programs == 128
     scheduled = dataclasses.replace(make_launch_config(two, device, hopper_narrow=False), schedule_programs=programs)
     launch = scheduled.hopper_stage1(scheduled.contiguous_strides())
-    assert launch.kernel_name == "mla_hopper_seesaw_scheduled" and launch.grid == (1, H200["num_sms"], 1)
+    assert launch.kernel_name == "mla_hopper_seesaw_scheduled" and launch.grid == (1, 128, 1)
     assert dict(launch.constexprs)["Q_LEN"] == 2 and dict(launch.constexprs)["STRIDE_OT"] == 16 * 512
     with pytest.raises(ValueError, match="two-warpgroup kernel's device-side schedule takes one query token"):
         dataclasses.replace(scheduled, hopper_seesaw=False).hopper_stage1(scheduled.contiguous_strides())
@@ -688,11 +690,13 @@ def test_gluon_constexprs_follow_the_kernel_parameters():
 
 @pytest.mark.parametrize(
     "batch, num_heads, programs",
-    # 64 and 128 rows take 64 programs of 66 (whole rows each); 16 rows (a divisor far
-    # below a wave) and 100 rows (50 would idle a quarter of the SMs) a whole wave; at
-    # 16 heads 128 rows take 128 of 132.
-    [(64, 128, 64), (128, 128, 64), (16, 128, 66), (100, 128, 66), (60, 128, 60), (128, 16, 128), (64, 16, 132)],
-)
+    # 64 and 128 rows take 64 programs of 66 (whole rows each), 16 rows 64 (a quarter of
+    # a row each, as 4 fixed splits); 100 rows a whole wave (50 would idle a quarter of
+    # the SMs), 40 too (neither 40 nor 20 is close to 66), 3 rows all 66 (22 each); at 16
+    # heads 16, 64 and 128 rows take 128 of 132.
+    [(64, 128, 64), (128, 128, 64), (16, 128, 64), (100, 128, 66), (60, 128, 60), (40, 128, 66), (3, 128, 66),
+     (128, 16, 128), (64, 16, 128), (16, 16, 128)],
+)  # fmt: skip
 def test_schedule_programs_divide_the_batch_where_few_sms_idle(batch, num_heads, programs):
     from jax_decode.launch import DeviceInfo
     from jax_decode.launch.planner import hopper_mla_schedule_programs

@@ -36,7 +36,9 @@ def _config(batch, num_heads=16, max_pages=8, page_size=64, num_sms=12):
     # The schedule whatever the fixed splits (the planner skips it where one split does).
     config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(problem, device))
     wave = num_sms // math.ceil(num_heads / 64)
-    assert config.schedule_programs in (wave, *[d for d in range(wave, 0, -1) if batch % d == 0][:1])
+    # (a wave, or the most programs within it that divide the batch or are a multiple of it)
+    aligned = [d for d in range(wave, 0, -1) if batch % d == 0 or d % batch == 0][:1]
+    assert config.schedule_programs in (wave, *aligned)
     return config
 
 
