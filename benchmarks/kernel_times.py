@@ -13,7 +13,8 @@ runs the Gluon MLA stage 1's two-warpgroup kernel where
 the plan has the seesaw or the narrow-group kernels over a bf16 cache (other rows are
 skipped), ``--seesaw`` plans with
 ``hopper_narrow=False`` (the seesaw where the plan has the narrow-group kernels),
-``--hopper-fp8`` with ``hopper_fp8=True`` (the Gluon fp8 GQA stage 1),
+``--hopper-fp8`` with ``hopper_fp8=True`` (the Gluon fp8 GQA stage 1), ``--widener``
+widens e4m3 narrow-group rows in a warpgroup of their own (``hopper_widener``),
 ``--schedule-programs N ...`` the device-side schedule with N
 programs per head block (rows whose plan has none are refused, but for the Gluon MLA
 seesaw, which takes it for several query tokens too); these launch through
@@ -33,7 +34,7 @@ _FRONTEND_PLAN = dict(device_schedule=True, hopper_multi_token=True, portable_sc
 
 
 def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw: bool = True,
-                 schedule_programs: int | None = None, **plan_options):  # fmt: skip
+                 schedule_programs: int | None = None, widener: bool = False, **plan_options):  # fmt: skip
     """Mean device microseconds per call of each kernel one call of ``row`` launches
     (``seesaw`` False: the Gluon MLA two-warpgroup kernel where the plan has the seesaw
     or the narrow-group kernels)."""
@@ -55,7 +56,7 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
         return torch_bridge.decode_attention(*problem.arrays, num_kv_splits=num_kv_splits, **problem.extras,
                                              **_options(row))  # fmt: skip
 
-    if not seesaw or plan_options != _FRONTEND_PLAN or schedule_programs is not None:
+    if not seesaw or widener or plan_options != _FRONTEND_PLAN or schedule_programs is not None:
         config = make_launch_config(row_problem(row), device_info(problem.q.device), num_kv_splits, **plan_options)
         if not seesaw:
             if config.problem.cache_dtype != "bfloat16":
@@ -63,6 +64,10 @@ def kernel_times(row, calls: int = 50, num_kv_splits: int | None = None, seesaw:
             if config.problem.q_len > 1:  # the two-warpgroup kernel's schedule takes one token
                 config = dataclasses.replace(config, schedule_programs=0)
             config = dataclasses.replace(config, hopper_seesaw=False, hopper_narrow=False)
+        if widener:
+            if not (config.hopper_narrow and config.problem.cache_dtype == "float8_e4m3fn"):
+                raise ValueError(f"{row.label}: the widener takes the narrow-group kernels' e4m3 rows")
+            config = dataclasses.replace(config, hopper_widener=True)
         if schedule_programs is not None:
             # (The Gluon MLA seesaw runs the schedule for any q_len, planned or not.)
             if not config.schedule_programs and not (config.hopper_mla and seesaw):
@@ -106,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--hopper-fp8", action="store_true", help="fp8 GQA rows on the Gluon stage 1 (hopper_fp8)")
     parser.add_argument(
+        "--widener", action="store_true", help="e4m3 narrow-group rows widened by a warpgroup of their own"
+    )
+    parser.add_argument(
         "--schedule-programs",
         type=int,
         nargs="+",
@@ -139,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 label = row.label + ("" if splits is None else f" ({splits} splits)")
                 label += "" if programs is None else f" ({programs} programs)"
                 try:
-                    times = kernel_times(row, args.calls, splits, not args.two_warpgroups, programs, **options)
+                    times = kernel_times(row, args.calls, splits, not args.two_warpgroups, programs, args.widener,
+                                         **options)  # fmt: skip
                 except ValueError as error:  # a kernel asked for that this row's plan cannot run
                     print(f"{label}: skipped ({error})", flush=True)
                     continue

@@ -18,8 +18,9 @@ documented semantics for these inputs.
 ``--hopper`` (an sm_90 GPU): the Gluon stage 1s instead -- bf16 MLA with 64-token
 pages at 16 and 128 heads, fixed splits, one pass, the device-side schedule and
 (token, head) rows, an e4m3 latent with scales, fp8 GQA (``hopper_fp8``) and the
-narrow-group MLA kernel (planned for 16 heads; ``hopper_narrow``) -- with the same
-adversarial inputs.  Their
+narrow-group MLA kernel (planned for 16 heads; ``hopper_narrow``; its e4m3 tiles also
+widened by a warpgroup of their own, ``hopper_widener``) -- with the same adversarial
+inputs.  Their
 barriers are placed by hand, so run it under racecheck and synccheck too
 (``TOOL=racecheck scripts/sanitize.sh --hopper``); ``--hopper --fp8`` runs the fp8
 kernels only, ``--hopper --narrow`` the narrow-group kernel only.
@@ -112,11 +113,12 @@ def run_case(case: Case, variant: str, views: bool) -> None:
 
 
 def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 0, narrow: bool = False,
-                **plan_options) -> None:  # fmt: skip
+                widener: bool = False, **plan_options) -> None:  # fmt: skip
     """``run_case`` through torch_bridge's launcher with a config planned with
     ``plan_options`` of ``make_launch_config`` (which the frontends do not pass);
     ``schedule_programs``: that many programs under the device-side schedule instead;
-    ``narrow``: the Gluon MLA narrow-group kernel (``LaunchConfig.hopper_narrow``)."""
+    ``narrow``: the Gluon MLA narrow-group kernel (``LaunchConfig.hopper_narrow``);
+    ``widener``: its e4m3 tiles widened by a warpgroup of their own (``hopper_widener``)."""
     from jax_decode.launch import make_launch_config
     from jax_decode.operands import DecodeOperands
     from jax_decode.prepare import DecodeOptions, prepare_decode
@@ -134,7 +136,7 @@ def run_planned(case: Case, variant: str, views: bool, schedule_programs: int = 
     decode, ops = prepare_decode(given, DecodeOptions(head_dim_v, None, case.logit_cap, case.window_left), TORCH)
     config = make_launch_config(decode, device_info(q.device), case.num_kv_splits, **plan_options)
     if narrow:  # (fixed splits, unless schedule_programs)
-        config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0)
+        config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0, hopper_widener=widener)
     if schedule_programs:
         config = dataclasses.replace(config, schedule_programs=schedule_programs)
     out = torch.empty(decode.out_shape, dtype=q.dtype, device=q.device)
@@ -198,8 +200,8 @@ def hopper_main() -> None:
         options = dict(narrow=True, hopper_multi_token=True, schedule_programs=4)
         cases.append((dataclasses.replace(base, **changes), options))
     # ... over an e4m3 latent with scales: splits and the schedule.
-    for splits, programs in ((3, 0), (None, 4)):
-        options = dict(narrow=True, schedule_programs=programs)
+    for splits, programs, widener in ((3, 0, False), (None, 4, False), (3, 0, True), (None, 4, True)):
+        options = dict(narrow=True, schedule_programs=programs, widener=widener)
         cases.append((dataclasses.replace(fp8, num_kv_splits=splits), options))
     if "--fp8" in sys.argv:  # the fp8 Gluon kernels only
         cases = [(case, options) for case, options in cases if case.kv_dtype]

@@ -213,11 +213,13 @@ def test_product_path_matches_oracle_and_jax_equals_torch(page_size, num_heads, 
 
 
 def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, schedule: bool | int = False,
-                          seesaw: bool = True, fp8: bool = False, narrow: bool = False):  # fmt: skip
+                          seesaw: bool = True, fp8: bool = False, narrow: bool = False,
+                          widener: bool = False):  # fmt: skip
     """Plan the Gluon stage 1 (with ``schedule``, under the device-side schedule even
     where the planner would take one fixed split; without ``seesaw``, the two-warpgroup
     kernel; with ``fp8``, over an e4m3 cache with scales; with ``narrow``, the
-    narrow-group kernel at fixed splits), launch it through torch_bridge's
+    narrow-group kernel at fixed splits; ``widener``, its e4m3 tiles widened by a
+    warpgroup of their own), launch it through torch_bridge's
     launcher and through the JAX backend with that one config: against the float64
     oracle, and bit-identical to each other.  Returns the config."""
     import dataclasses
@@ -245,7 +247,7 @@ def _check_planned_launch(num_heads: int, q_len: int | None, num_kv_splits, sche
     device = device_info(q.device)
     config = make_launch_config(mla, device, num_kv_splits, hopper_narrow=False)  # (narrow: set below)
     if narrow:
-        config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0)
+        config = dataclasses.replace(config, hopper_narrow=True, schedule_programs=0, hopper_widener=widener)
     if schedule:  # True: the planner's programs; a number: that many
         from jax_decode.launch.planner import hopper_mla_schedule_programs
 
@@ -333,13 +335,15 @@ def test_device_schedule_of_few_programs_matches_oracle_and_jax_equals_torch(num
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_heads, q_len", [(16, None), (8, None), (16, 2), (10, 3)])
 @pytest.mark.parametrize("num_kv_splits, schedule", [(1, False), (3, False), (None, False), (None, True), (None, 4)])
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3"])
+@pytest.mark.parametrize("fp8", [False, True, "widener"], ids=["bf16", "e4m3", "e4m3-widener"])
 def test_narrow_group_kernel_matches_oracle_and_jax_equals_torch(num_heads, q_len, num_kv_splits, schedule, fp8):
     """The narrow-group kernels (tokens as the MMAs' rows; 16 or 32 query rows, padding
     included): one pass, fixed splits and the device-side schedule (a wave of programs;
     four, so that rows of one chunk go to out), several query tokens, on awkward lengths;
-    a bf16 cache, or e4m3 with scales widened in shared memory."""
-    config = _check_planned_launch(num_heads, q_len, num_kv_splits, schedule=schedule, fp8=fp8, narrow=True)
+    a bf16 cache, or e4m3 with scales widened in shared memory (by the consumer, or by a
+    warpgroup of its own)."""
+    config = _check_planned_launch(num_heads, q_len, num_kv_splits, schedule=schedule, fp8=bool(fp8), narrow=True,
+                                   widener=fp8 == "widener")  # fmt: skip
     name = config.hopper_stage1(config.contiguous_strides()).kernel_name
     assert config.hopper_narrow and name == ("mla_hopper_narrow_scheduled" if schedule else "mla_hopper_narrow")
 
@@ -581,6 +585,12 @@ def test_narrow_group_launch():
     launch = config.hopper_stage1(config.contiguous_strides())
     assert [view.dtype for view in launch.tma] == ["fp8e4nv", "fp8e4nv"]
     assert (launch.meta()["KV_FP8"], launch.meta()["K_SCALE"], launch.meta()["V_SCALE"]) == (True, 1, 1)
+    # The widener (opt-in) widens e4m3 tiles only.
+    assert not launch.meta()["WIDENER"]
+    widened = dataclasses.replace(config, hopper_widener=True)
+    assert widened.hopper_stage1(widened.contiguous_strides()).meta()["WIDENER"]
+    bf16 = dataclasses.replace(_plan(_mla(batch=6, num_heads=16), num_kv_splits=2), hopper_widener=True)
+    assert not bf16.hopper_stage1(bf16.contiguous_strides()).meta()["WIDENER"]
     # Under the device-side schedule: a wave of programs, the rows of one chunk to out.
     scheduled = dataclasses.replace(_plan(_mla(batch=6, num_heads=16, q_len=2, token_axis=True)), hopper_narrow=True)
     scheduled = dataclasses.replace(scheduled, schedule_programs=132)
@@ -594,8 +604,9 @@ def test_narrow_group_launch():
     assert inputs == ("q", "page_table", "seq_lens", "seq_lens", "seq_lens", "schedule", scheduled.problem.num_pages, 6)
 
 
-def _check_narrow_compile(num_heads, q_len, num_kv_splits, fp8=False) -> None:
-    """``num_kv_splits`` None: under the device-side schedule."""
+def _check_narrow_compile(num_heads, q_len, num_kv_splits, fp8=False, widener=False) -> None:
+    """``num_kv_splits`` None: under the device-side schedule; ``widener``: an e4m3 cache
+    widened by a warpgroup of its own (``hopper_widener``)."""
     import dataclasses
 
     from jax_decode.kernels.gluon_compile import compile_launch
@@ -604,13 +615,16 @@ def _check_narrow_compile(num_heads, q_len, num_kv_splits, fp8=False) -> None:
 
     quantised = dict(kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR) if fp8 else {}
     problem = _mla(batch=3, num_heads=num_heads, max_pages=32, q_len=q_len, token_axis=q_len > 1, **quantised)
-    config = _plan(problem, num_kv_splits=num_kv_splits or 2)
+    config = dataclasses.replace(_plan(problem, num_kv_splits=num_kv_splits or 2), hopper_widener=widener)
     assert config.hopper_narrow
     if num_kv_splits is None:
         config = dataclasses.replace(config, schedule_programs=hopper_mla_schedule_programs(problem, config.device))
     launch = config.hopper_stage1(config.contiguous_strides())
     assert launch.kernel_name == ("mla_hopper_narrow_scheduled" if num_kv_splits is None else "mla_hopper_narrow")
+    assert launch.meta()["WIDENER"] == widener
     kernel = compile_launch(launch, 90)
+    # the consumer warpgroup, the producer warp (padded to four) and, with the widener, its warpgroup
+    assert kernel.metadata.num_warps == (12 if widener else 8)
     ptx = kernel.asm["ptx"]
     assert kernel.metadata.shared <= SM90_SHARED_LIMIT, kernel.metadata.shared
     rows = 16 if q_len * num_heads <= 16 else 32
@@ -642,15 +656,16 @@ def _check_narrow_compile(num_heads, q_len, num_kv_splits, fp8=False) -> None:
 
 
 @pytest.mark.parametrize(
-    "num_heads, q_len, num_kv_splits, fp8",
-    [(16, 1, 1, False), (16, 1, 3, False), (16, 2, 2, False), (10, 3, 1, False), (16, 1, None, False),
-     (10, 3, None, False), (16, 1, 3, True), (16, 2, None, True)],
+    "num_heads, q_len, num_kv_splits, fp8, widener",
+    [(16, 1, 1, False, False), (16, 1, 3, False, False), (16, 2, 2, False, False), (10, 3, 1, False, False),
+     (16, 1, None, False, False), (10, 3, None, False, False), (16, 1, 3, True, False), (16, 2, None, True, False),
+     (16, 1, 3, True, True), (16, 1, None, True, True), (16, 2, None, True, True)],
 )  # fmt: skip
-def test_narrow_launch_compiles_for_sm90(num_heads, q_len, num_kv_splits, fp8):
+def test_narrow_launch_compiles_for_sm90(num_heads, q_len, num_kv_splits, fp8, widener):
     missing = _gluon_hopper_missing()
     if missing:
         pytest.skip(missing)
-    _run_isolated("_check_narrow_compile", num_heads, q_len, num_kv_splits, fp8)
+    _run_isolated("_check_narrow_compile", num_heads, q_len, num_kv_splits, fp8, widener)
 
 
 def test_gluon_constexprs_follow_the_kernel_parameters():

@@ -38,6 +38,12 @@ split (or a row of it) with no valid token writes zeros and ``-inf``.  With one 
 it writes ``out`` (cast to its dtype) and ``lse`` themselves, as the seesaw does.
 Splits are the seesaw's: whole 64-token tiles (``split_bounds`` with ``BLOCK_N = 64``).
 
+An e4m3 cache (``KV_FP8``) lands as fp8 in the upper half of each part's float16 buffer
+and is widened there: by the consumer before its products, or (``WIDENER``) by a third
+partition, a warpgroup of its own, which waits for the tile's TMA (``full``), widens it
+and hands the stage to the consumer (``widened``) while the consumer computes on the
+other stage: the conversions then run beside the products, not in series with them.
+
 Several query tokens (``Q_LEN > 1``): rows are (query token, head) pairs, token-major
 as q lays them out, each masked to its causal limit ``seq_len - Q_LEN + token + 1``.
 
@@ -84,6 +90,9 @@ HALF = gl.constexpr(256)  # latent columns per TMA box
 # consumer warpgroup takes the rest.  (24 spill the producer's chunk loop under the
 # schedule; one program an SM leaves registers to spare.)
 PRODUCER_REGISTERS = gl.constexpr(40)
+# ... and of the widener warpgroup (an e4m3 cache with WIDENER): a part's 64 fp8 bytes a
+# thread in flight, widened to 32 registers of float16 pairs.
+WIDENER_REGISTERS = gl.constexpr(96)
 
 
 @gluon.jit
@@ -111,7 +120,7 @@ def _producer(args, consts: gl.constexpr):
     """One warp: the TMA copies of the program's tiles (its chunks' in turn) into the
     ring, each stage once the consumer has released it."""
     (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
-     mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, q_l, q_r, q_e,
+     mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, widened, q_l, q_r, q_e,
      p_smem) = args  # fmt: skip
     PAGE_SIZE: gl.constexpr = consts[15]
     NUM_STAGES: gl.constexpr = consts[19]
@@ -138,6 +147,39 @@ def _producer(args, consts: gl.constexpr):
             _tma_load(kr_desc, [row, ROPE_COL], bar, land[2].index(slot))
             _tma_load(k_desc, [row, 0], bar, land[0].index(slot))
             _tma_load(k_desc, [row, HALF], bar, land[1].index(slot))
+        done += num_tiles
+
+
+@gluon.jit
+def _widener(args, consts: gl.constexpr):
+    """One warpgroup (an e4m3 cache, ``WIDENER``): each tile's parts, landed as fp8 in
+    the upper half of their float16 buffers, widened in place (the invalid rows zeroed)
+    while the consumer computes on the other stage; then the stage is the consumer's."""
+    (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
+     mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, widened, q_l, q_r, q_e,
+     p_smem) = args  # fmt: skip
+    PAGE_SIZE: gl.constexpr = consts[15]
+    NUM_STAGES: gl.constexpr = consts[19]
+    NUM_PROGRAMS: gl.constexpr = consts[20]
+    SCHEDULED: gl.constexpr = consts[22]
+    first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
+    done = 0  # the ring's position and phase run on across chunks, as the producer's
+    for c in range(num_chunks):
+        _seq_len, start, end, num_tiles, page_row_ptr, _q_row, _o_base, _lse_base = _mla_chunk(
+            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts[3], consts[4], consts[7], consts[8],
+            consts[11], consts[13], consts[16], consts[17], NUM_PROGRAMS, consts[21], SCHEDULED, consts[14],
+        )  # fmt: skip
+        for i in range(num_tiles):
+            t = done + i
+            stage = t % NUM_STAGES
+            tile_start = start + i * BLOCK_N
+            _row, ok = _tile_row(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
+            mbarrier.wait(full.index(stage), (t // NUM_STAGES) & 1)
+            # (each ends with a fence for the MMAs and a barrier of this warpgroup)
+            _widen_part(k_e.index(stage), land[2].index(2 * stage + 1), tile_start, end, ok)
+            _widen_part(k_l.index(stage), land[0].index(2 * stage + 1), tile_start, end, ok)
+            _widen_part(k_r.index(stage), land[1].index(2 * stage + 1), tile_start, end, ok)
+            mbarrier.arrive(widened.index(stage))
         done += num_tiles
 
 
@@ -180,7 +222,7 @@ def _consumer(args, consts: gl.constexpr):
     """One warpgroup: per chunk, Q's rows into shared memory, then per tile S^T = K Q^T,
     the online softmax down each column, O^T += V^T P^T; the chunk's rows stored."""
     (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
-     mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, q_l, q_r, q_e,
+     mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, widened, q_l, q_r, q_e,
      p_smem) = args  # fmt: skip
     STRIDE_QB: gl.constexpr = consts[0]
     STRIDE_QT: gl.constexpr = consts[1]
@@ -205,6 +247,7 @@ def _consumer(args, consts: gl.constexpr):
     KV_FP8: gl.constexpr = consts[29]
     K_SCALE: gl.constexpr = consts[30]
     V_SCALE: gl.constexpr = consts[31]
+    WIDENER: gl.constexpr = consts[32]
     ROWS: gl.constexpr = q_l.shape[0]
     R: gl.constexpr = Q_LEN * NUM_HEADS
 
@@ -257,13 +300,17 @@ def _consumer(args, consts: gl.constexpr):
             stage = t % NUM_STAGES
             tile_start = start + i * BLOCK_N
             _row, ok = _tile_row(page_row_ptr, tile_start, num_pages, PAGE_SIZE)
-            mbarrier.wait(full.index(stage), (t // NUM_STAGES) & 1)
+            if WIDENER:  # the widener warpgroup's float16 tile (invalid rows zeroed)
+                mbarrier.wait(widened.index(stage), (t // NUM_STAGES) & 1)
+            else:
+                mbarrier.wait(full.index(stage), (t // NUM_STAGES) & 1)
             lat_l = k_l.index(stage)
             lat_r = k_r.index(stage)
             if KV_FP8:  # widened to float16 in place, the invalid rows zeroed on the way
-                _widen_part(k_e.index(stage), land[2].index(2 * stage + 1), tile_start, end, ok)
-                _widen_part(lat_l, land[0].index(2 * stage + 1), tile_start, end, ok)
-                _widen_part(lat_r, land[1].index(2 * stage + 1), tile_start, end, ok)
+                if not WIDENER:  # (else the widener did it)
+                    _widen_part(k_e.index(stage), land[2].index(2 * stage + 1), tile_start, end, ok)
+                    _widen_part(lat_l, land[0].index(2 * stage + 1), tile_start, end, ok)
+                    _widen_part(lat_r, land[1].index(2 * stage + 1), tile_start, end, ok)
             elif (tile_start + BLOCK_N > end) | (~ok):
                 # The latent rows past the end (all, for a bad page) meet P as V: zero them.
                 _zero_invalid_rows(lat_l, tile_start, end, ok, load_layout)
@@ -352,6 +399,10 @@ def _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_pt
         land = (k_l, k_r, k_e)
     full = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    if consts[32]:  # WIDENER: the widener hands each widened stage to the consumer
+        widened = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    else:
+        widened = empty  # (unused)
     q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, 64], dtype)
     q_l = gl.allocate_shared_memory(dtype, [ROWS, HALF], q_half_layout)
@@ -361,11 +412,18 @@ def _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_pt
     for st in gl.static_range(NUM_STAGES):
         mbarrier.init(full.index(st), count=1)
         mbarrier.init(empty.index(st), count=1)
+        if consts[32]:
+            mbarrier.init(widened.index(st), count=1)
     fence_async_shared()
     args = (k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
-            mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, q_l, q_r, q_e,
+            mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, k_l, k_r, k_e, land, full, empty, widened, q_l, q_r, q_e,
             p_smem)  # fmt: skip
-    gl.warp_specialize([(_consumer, (args, consts)), (_producer, (args, consts))], [1], [PRODUCER_REGISTERS])
+    if consts[32]:  # WIDENER: an e4m3 cache widened by a warpgroup of its own
+        gl.static_assert(KV_FP8, "the widener widens an e4m3 cache")
+        gl.warp_specialize([(_consumer, (args, consts)), (_producer, (args, consts)), (_widener, (args, consts))],
+                           [1, 4], [PRODUCER_REGISTERS, WIDENER_REGISTERS])  # fmt: skip
+    else:
+        gl.warp_specialize([(_consumer, (args, consts)), (_producer, (args, consts))], [1], [PRODUCER_REGISTERS])
 
 
 @gluon.jit
@@ -403,13 +461,14 @@ def _mla_stage1_hopper_narrow(
     KV_FP8: gl.constexpr,  # an e4m3 cache (widened to float16 in shared memory)
     K_SCALE: gl.constexpr,  # 0: none; else k_scale_ptr[0] multiplies the scores
     V_SCALE: gl.constexpr,  # 0: none; else v_scale_ptr[0] multiplies the output
+    WIDENER: gl.constexpr,  # (KV_FP8) widen in a warpgroup of its own, not the consumer's
 ):
     """Fixed splits: launch with num_warps=4, grid ``(1, batch, NUM_KV_SPLITS)`` (the
     module docstring)."""
     consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH,
                             STRIDE_MOS, STRIDE_MLB, STRIDE_MLT, STRIDE_MLH, STRIDE_MLS, SM_SCALE, NUM_HEADS, Q_LEN,
                             PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, ROWS, NUM_STAGES, 1, 0, False, 0, 0, 0, 0, 0, 0,
-                            KV_FP8, K_SCALE, V_SCALE)  # fmt: skip
+                            KV_FP8, K_SCALE, V_SCALE, WIDENER)  # fmt: skip
     _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, seq_lens_ptr,
                 num_pages, mid_o_ptr, mid_lse_ptr, mid_o_ptr, mid_lse_ptr, consts)  # fmt: skip
 
@@ -452,6 +511,7 @@ def _mla_stage1_hopper_narrow_scheduled(
     KV_FP8: gl.constexpr,
     K_SCALE: gl.constexpr,
     V_SCALE: gl.constexpr,
+    WIDENER: gl.constexpr,
 ):
     """The device-side schedule (jax_decode.kernels.schedule): launch with num_warps=4,
     grid ``(1, NUM_PROGRAMS, 1)``; chunk ``(p, b)`` to slot ``b + p`` of the partials,
@@ -462,6 +522,6 @@ def _mla_stage1_hopper_narrow_scheduled(
     consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, 0, NUM_HEADS * 512, 512, 0, 0, NUM_HEADS, 1, 0,
                             SM_SCALE, NUM_HEADS, Q_LEN, PAGE_SIZE, CAPACITY, 1, ROWS, NUM_STAGES, NUM_PROGRAMS,
                             CHUNK_COST, True, STRIDE_OB, STRIDE_OT, STRIDE_OH, STRIDE_LB, STRIDE_LT, STRIDE_LH, KV_FP8,
-                            K_SCALE, V_SCALE)  # fmt: skip
+                            K_SCALE, V_SCALE, WIDENER)  # fmt: skip
     _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr,
                 num_pages, mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts)  # fmt: skip

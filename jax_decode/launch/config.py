@@ -216,6 +216,10 @@ class LaunchConfig:
     # splits or the schedule) instead of the seesaw (the planner's choice; see its
     # hopper_narrow option).
     hopper_narrow: bool = False
+    # With hopper_narrow and an e4m3 cache: the tiles widened to float16 by a warpgroup of
+    # their own (the narrow kernels' WIDENER), not by the consumer between its products.
+    # Opt-in until run and timed on a GPU.
+    hopper_widener: bool = False
 
     @property
     def scheduled_rows_direct(self) -> bool:
@@ -571,6 +575,7 @@ class LaunchConfig:
         row_meta = dict(SM_SCALE=float(p.sm_scale), NUM_HEADS=p.num_heads, Q_LEN=p.q_len, PAGE_SIZE=p.page_size,
                         CAPACITY=p.capacity)  # fmt: skip
         tile_meta = dict(ROWS=16 if rows <= 16 else 32, NUM_STAGES=HOPPER_NARROW_STAGES)
+        fp8_meta["WIDENER"] = self.hopper_widener and p.cache_dtype == "float8_e4m3fn"
         if self.schedule_programs:
             params = (
                 *inputs, ("schedule_ptr", "*i32"), ("num_pages", "i32"), ("batch", "i32"), ("mid_o_ptr", "*fp32"),
