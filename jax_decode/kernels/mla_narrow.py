@@ -87,7 +87,7 @@ from jax_decode.kernels.mla_hopper import (
 BLOCK_N = gl.constexpr(64)  # tokens per tile: the MMAs' M
 HALF = gl.constexpr(256)  # latent columns per TMA box
 # Registers a thread of the producer warp keeps (Triton pads it to a warpgroup); the
-# consumer warpgroup takes the rest.  (24 spill the producer's chunk loop under the
+# consumer warpgroup takes up to 256.  (24 spill the producer's chunk loop under the
 # schedule; one program an SM leaves registers to spare.)
 PRODUCER_REGISTERS = gl.constexpr(40)
 # ... and of the widener warpgroup (an e4m3 cache with WIDENER): a part's 64 fp8 bytes a
@@ -361,10 +361,11 @@ def _consumer(args, consts: gl.constexpr):
 def _narrow_run(k_desc, kr_desc, q_ptr, page_table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, schedule_ptr, num_pages,
                 mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, consts):  # fmt: skip
     """Allocate the ring, Q, P and the barriers, and run the consumer warpgroup and the
-    producer warp.  With an fp8 cache (``consts[29]``) the ring's parts hold float16,
-    each landing by TMA as fp8 in the upper half of its own bytes and widened in place
-    by the consumer (the seesaw's :func:`~jax_decode.kernels.mla_hopper._widen_part`),
-    and Q and P are float16."""
+    producer warp (and, with ``WIDENER``, the widener warpgroup).  With an fp8 cache
+    (``consts[29]``) the ring's parts hold float16, each landing by TMA as fp8 in the
+    upper half of its own bytes and widened in place by the consumer, or by the widener
+    (the seesaw's :func:`~jax_decode.kernels.mla_hopper._widen_part`), and Q and P are
+    float16."""
     PAGE_SIZE: gl.constexpr = consts[15]
     ROWS: gl.constexpr = consts[18]
     NUM_STAGES: gl.constexpr = consts[19]
@@ -463,8 +464,9 @@ def _mla_stage1_hopper_narrow(
     V_SCALE: gl.constexpr,  # 0: none; else v_scale_ptr[0] multiplies the output
     WIDENER: gl.constexpr,  # (KV_FP8) widen in a warpgroup of its own, not the consumer's
 ):
-    """Fixed splits: launch with num_warps=4, grid ``(1, batch, NUM_KV_SPLITS)`` (the
-    module docstring)."""
+    """Fixed splits: compile with num_warps=4 (the consumer; the compiled kernel has 8 or,
+    with ``WIDENER``, 12 warps: launch with its own count), grid ``(1, batch,
+    NUM_KV_SPLITS)`` (the module docstring)."""
     consts: gl.constexpr = (STRIDE_QB, STRIDE_QT, STRIDE_QH, STRIDE_PTB, STRIDE_MOB, STRIDE_MOT, STRIDE_MOH,
                             STRIDE_MOS, STRIDE_MLB, STRIDE_MLT, STRIDE_MLH, STRIDE_MLS, SM_SCALE, NUM_HEADS, Q_LEN,
                             PAGE_SIZE, CAPACITY, NUM_KV_SPLITS, ROWS, NUM_STAGES, 1, 0, False, 0, 0, 0, 0, 0, 0,
@@ -513,7 +515,8 @@ def _mla_stage1_hopper_narrow_scheduled(
     V_SCALE: gl.constexpr,
     WIDENER: gl.constexpr,
 ):
-    """The device-side schedule (jax_decode.kernels.schedule): launch with num_warps=4,
+    """The device-side schedule (jax_decode.kernels.schedule): compile with num_warps=4
+    (launch with the compiled kernel's count, as above),
     grid ``(1, NUM_PROGRAMS, 1)``; chunk ``(p, b)`` to slot ``b + p`` of the partials,
     except that a row the schedule gives one chunk goes straight to ``out`` and ``lse``
     (the merge, run with ``SKIP_WHOLE``, leaves those rows alone)."""
