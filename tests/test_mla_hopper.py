@@ -578,6 +578,9 @@ def test_narrow_group_launch():
     narrow = _plan(_mla(batch=6, num_heads=16), num_kv_splits=2)
     with pytest.raises(ValueError, match="two-warpgroup kernel: set hopper_narrow=False"):
         dataclasses.replace(narrow, hopper_seesaw=False).hopper_stage1(narrow.contiguous_strides())
+    e4m3 = _plan(_mla(batch=6, kv_dtype="float8_e4m3fn"), num_kv_splits=2)  # (128 heads: the seesaw)
+    with pytest.raises(ValueError, match="two-warpgroup kernel takes a bfloat16 cache"):
+        dataclasses.replace(e4m3, hopper_seesaw=False).hopper_stage1(e4m3.contiguous_strides())
     # An e4m3 cache: fp8 descriptors, the scales' flags.
     fp8 = _mla(batch=6, num_heads=16, kv_dtype="float8_e4m3fn", k_scale=SCALE_PER_TENSOR, v_scale=SCALE_PER_TENSOR)
     config = _plan(fp8, num_kv_splits=2)

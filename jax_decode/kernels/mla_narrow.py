@@ -116,6 +116,15 @@ def _tile_row(page_row_ptr, tile_start, num_pages, PAGE_SIZE: gl.constexpr):
 
 
 @gluon.jit
+def _narrow_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts: gl.constexpr):
+    """:func:`~jax_decode.kernels.mla_hopper._mla_chunk` of the narrow kernels' ``consts``
+    (the producer, widener and consumer walk the same chunks)."""
+    return _mla_chunk(c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts[3], consts[4], consts[7],
+                      consts[8], consts[11], consts[13], consts[16], consts[17], consts[20], consts[21], consts[22],
+                      consts[14])  # fmt: skip
+
+
+@gluon.jit
 def _producer(args, consts: gl.constexpr):
     """One warp: the TMA copies of the program's tiles (its chunks' in turn) into the
     ring, each stage once the consumer has released it."""
@@ -130,10 +139,9 @@ def _producer(args, consts: gl.constexpr):
     first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
     done = 0  # tiles of the earlier chunks: the ring's position and phase run on across chunks
     for c in range(num_chunks):
-        _seq_len, start, _end, num_tiles, page_row_ptr, _q_row, _o_base, _lse_base = _mla_chunk(
-            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts[3], consts[4], consts[7], consts[8],
-            consts[11], consts[13], consts[16], consts[17], NUM_PROGRAMS, consts[21], SCHEDULED, consts[14],
-        )  # fmt: skip
+        _seq_len, start, _end, num_tiles, page_row_ptr, _q_row, _o_base, _lse_base = _narrow_chunk(
+            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts
+        )
         for i in range(num_tiles):
             t = done + i
             stage = t % NUM_STAGES
@@ -165,10 +173,9 @@ def _widener(args, consts: gl.constexpr):
     first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
     done = 0  # the ring's position and phase run on across chunks, as the producer's
     for c in range(num_chunks):
-        _seq_len, start, end, num_tiles, page_row_ptr, _q_row, _o_base, _lse_base = _mla_chunk(
-            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts[3], consts[4], consts[7], consts[8],
-            consts[11], consts[13], consts[16], consts[17], NUM_PROGRAMS, consts[21], SCHEDULED, consts[14],
-        )  # fmt: skip
+        _seq_len, start, end, num_tiles, page_row_ptr, _q_row, _o_base, _lse_base = _narrow_chunk(
+            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts
+        )
         for i in range(num_tiles):
             t = done + i
             stage = t % NUM_STAGES
@@ -271,10 +278,9 @@ def _consumer(args, consts: gl.constexpr):
     first_row, num_chunks = _program_chunks(schedule_ptr, NUM_PROGRAMS, SCHEDULED)
     done = 0  # tiles of the earlier chunks: the ring's position and phase run on across chunks
     for c in range(num_chunks):
-        seq_len, start, end, num_tiles, page_row_ptr, _q_row, o_base, lse_base = _mla_chunk(
-            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts[3], consts[4], consts[7], consts[8],
-            consts[11], NUM_HEADS, consts[16], consts[17], NUM_PROGRAMS, consts[21], SCHEDULED, Q_LEN,
-        )  # fmt: skip
+        seq_len, start, end, num_tiles, page_row_ptr, _q_row, o_base, lse_base = _narrow_chunk(
+            c, first_row, page_table_ptr, seq_lens_ptr, schedule_ptr, consts
+        )
         batch_idx = _chunk_row(c, first_row, SCHEDULED)
         # The row's Q, (token, head) rows token-major, into shared memory (the previous
         # chunk's products are done with it: each tile ends with a warpgroup barrier).

@@ -471,7 +471,8 @@ class LaunchConfig:
         seesaw = self.hopper_seesaw
         tma = self._mla_tma_views(strides, halves=seesaw)
         descriptors = (("q_desc", "tma"), ("qr_desc", "tma"), ("k_desc", "tma"), ("kr_desc", "tma"))
-        assert seesaw or p.cache_dtype == "bfloat16", "an fp8 cache runs the seesaw kernels"
+        if not (seesaw or p.cache_dtype == "bfloat16"):
+            raise ValueError("the two-warpgroup kernel takes a bfloat16 cache: an fp8 cache runs the seesaw kernels")
         scales = (("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32"))
         fp8_meta = self._mla_fp8_meta() if seesaw else {}
         if self.schedule_programs:
