@@ -7,9 +7,11 @@ entry point's output is first checked against the float64 oracle.  The JAX rows:
 jitted call at a time, 16 calls chained in one jitted program (each call's output is
 the next one's query, as layers chain), and a trivial jitted op for reference; they
 launch through the Triton custom call ``JAX_DECODE_TRITON_CALL`` chooses (``typed``,
-the default, or ``legacy``: jax_decode/backends/typed_ffi.py), so two runs compare them.
+the default, ``legacy`` or ``graph``: jax_decode/backends/typed_ffi.py), so two runs
+compare them; ``--graph`` times ``typed`` and ``graph`` in one process, checks that their
+chained programs give the same bits and counts the command buffers XLA formed.
 
-    python -m benchmarks.host_overhead [--profile] [--jax] [--launch-routes]
+    python -m benchmarks.host_overhead [--profile] [--jax] [--graph] [--launch-routes]
 
 ``--launch-routes`` times torch_bridge's launches through Triton's C launcher directly
 (torch_bridge.launcher.direct_runner) and through Triton's own runner, alternately.
@@ -79,7 +81,7 @@ CHAINED = 16  # decode calls per jitted program in the chained JAX row
 
 
 def jax_entry_points(problem) -> dict:
-    """name -> (zero-argument call returning a JAX array, decode calls it makes)."""
+    """name -> (jitted function, its argument, decode calls it makes)."""
     import jax
     import jax.numpy as jnp
 
@@ -105,10 +107,10 @@ def jax_entry_points(problem) -> dict:
 
     trivial = jax.jit(lambda q: q + 1)
     return {
-        "jax_decode.decode_attention (jit)": (lambda: one(q), 1),
-        f"jax_decode.decode_attention ({CHAINED} chained)": (lambda: chained(q), CHAINED),
-        f"jax_decode.decode_attention ({CHAINED} chained, planned splits)": (lambda: chained_planned(q), CHAINED),
-        "trivial jitted op (q + 1)": (lambda: trivial(q), 1),
+        "jax_decode.decode_attention (jit)": (one, q, 1),
+        f"jax_decode.decode_attention ({CHAINED} chained)": (chained, q, CHAINED),
+        f"jax_decode.decode_attention ({CHAINED} chained, planned splits)": (chained_planned, q, CHAINED),
+        "trivial jitted op (q + 1)": (trivial, q, 1),
     }
 
 
@@ -150,6 +152,31 @@ def time_torch(calls: dict, o, expected, label: str = "") -> None:
         print(f"{name + label:<48} {per_call_us(fn):7.1f} us per call", flush=True)
 
 
+def command_buffers(jitted, arg) -> int:
+    """Mentions of command buffers in XLA's compiled program of ``jitted``."""
+    return jitted.lower(arg).compile().as_text().count("command_buffer")
+
+
+def time_jax(problem, expected):
+    """Time the JAX rows (each one-call row's output checked first); returns the chained
+    program's output."""
+    from jax_decode.backends import typed_ffi
+
+    print(f"JAX launches through {typed_ffi.target()!r}", flush=True)
+    chained_out = None
+    for name, (jitted, arg, calls_made) in jax_entry_points(problem).items():
+        out = jitted(arg)
+        if calls_made == 1 and "trivial" not in name:
+            excess = tolerance_excess(np.asarray(out, np.float64), expected, "bfloat16")
+            if not excess <= 0:
+                raise SystemExit(f"{name} is wrong (by {excess:.3g} beyond the tolerance); not timed")
+        elif chained_out is None and calls_made > 1:
+            chained_out = out
+        us = jax_per_call_us(lambda jitted=jitted, arg=arg: jitted(arg), calls_made)
+        print(f"{name:<36} {us:7.1f} us per call ({command_buffers(jitted, arg)} command-buffer mentions)", flush=True)
+    return chained_out
+
+
 def main() -> None:
     calls, problem, o = entry_points()
     expected, _ = decode_attention_reference(*problem.arrays, sm_scale=SM_SCALE)
@@ -165,16 +192,20 @@ def main() -> None:
         fresh_launchers(True)
     else:
         time_torch(calls, o, expected)
-    if "--jax" in sys.argv:
+    if "--graph" in sys.argv:  # jaxlib's typed call under its name and ours, one process
+        import os
+
         from jax_decode.backends import typed_ffi
 
-        print(f"JAX launches through {typed_ffi.target()!r}", flush=True)
-        for name, (fn, calls_made) in jax_entry_points(problem).items():
-            if calls_made == 1 and "trivial" not in name:
-                excess = tolerance_excess(np.asarray(fn(), np.float64), expected, "bfloat16")
-                if not excess <= 0:
-                    raise SystemExit(f"{name} is wrong (by {excess:.3g} beyond the tolerance); not timed")
-            print(f"{name:<36} {jax_per_call_us(fn, calls_made):7.1f} us per call", flush=True)
+        chained = {}
+        for choice in ("typed", "graph"):
+            os.environ[typed_ffi.CALL_VARIABLE] = choice
+            chained[choice] = time_jax(problem, expected)
+        if not np.array_equal(*(np.asarray(out).view(np.uint16) for out in chained.values())):
+            raise SystemExit("the chained programs' outputs differ between the typed and the graph call")
+        print("chained outputs bit-identical between the two calls", flush=True)
+    elif "--jax" in sys.argv:
+        time_jax(problem, expected)
     if "--profile" in sys.argv:  # where the time of our entry points goes
         import cProfile
         import pstats

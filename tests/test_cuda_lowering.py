@@ -8,6 +8,7 @@ plugin (installed with --no-deps: its runtime is not needed to lower).
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -148,8 +149,85 @@ def test_the_legacy_call_on_request(monkeypatch):
     assert text.count("stablehlo.custom_call @triton_kernel_call(") == 2
     assert "triton_kernel_call_ffi" not in text
     monkeypatch.setenv(typed_ffi.CALL_VARIABLE, "fast")
-    with pytest.raises(ValueError, match="JAX_DECODE_TRITON_CALL must be 'typed' or 'legacy', got 'fast'"):
+    choices = "'typed', 'legacy', 'graph'"
+    with pytest.raises(ValueError, match=f"JAX_DECODE_TRITON_CALL must be one of {choices}, got 'fast'"):
         _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+
+
+def _opaques(text: str) -> list[str]:
+    """The serialized kernel calls of a lowered program's Triton custom calls, in order."""
+    return re.findall(r'mhlo.backend_config = \{opaque = "([^"]*)"', text)
+
+
+def _address(capsule) -> int:
+    """The pointer a PyCapsule holds (a handler stage of jaxlib's)."""
+    import ctypes
+
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return get(capsule, None)
+
+
+def test_the_graph_call_on_request(monkeypatch):
+    """JAX_DECODE_TRITON_CALL=graph lowers every launch of ours to jaxlib's typed handler
+    registered again under our name, declared command-buffer compatible, with the very
+    kernel calls the typed call takes -- whichever jax_triton line compiles the kernel."""
+    if not typed_ffi.typed_ffi_registered():
+        pytest.skip("this jaxlib registers no typed-FFI Triton call")
+    typed = _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+    registered = []
+    monkeypatch.setattr(jax.ffi, "register_ffi_target", lambda *args, **kwargs: registered.append((args, kwargs)))
+    typed_ffi._register_graph_target.cache_clear()
+    monkeypatch.setenv(typed_ffi.CALL_VARIABLE, "graph")
+    try:
+        graph = _lower("gqa_bf16", 90, "triton", "cuda", num_kv_splits=2)
+    finally:
+        typed_ffi._register_graph_target.cache_clear()
+    assert graph.count(f"stablehlo.custom_call @{typed_ffi.GRAPH_TARGET}(") == 2
+    assert "triton_kernel_call" not in graph
+    assert _opaques(graph) == _opaques(typed) and len(_opaques(typed)) == 2
+    from jax._src.lib import gpu_triton, xla_client
+
+    (args, kwargs), *others = registered
+    assert not others  # once per process
+    name, stages = args
+    assert name == typed_ffi.GRAPH_TARGET
+    jaxlibs = gpu_triton._cuda_triton.registrations()[typed_ffi.TYPED_FFI_TARGET]
+    assert {stage: _address(c) for stage, c in stages.items()} == {stage: _address(c) for stage, c in jaxlibs.items()}
+    assert kwargs == dict(platform="CUDA", traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
+
+
+def test_the_graph_call_leaves_other_kernels_alone(monkeypatch):
+    """Under JAX_DECODE_TRITON_CALL=graph a jax_triton call of someone else's kernel in
+    the same program keeps jax_triton's own custom call (it may autotune, which a
+    command buffer cannot replay)."""
+    import triton
+    import triton.language as tl
+
+    from jax_decode.backends.triton import import_jax_triton, is_jax_triton_04
+
+    if not typed_ffi.typed_ffi_registered():
+        pytest.skip("this jaxlib registers no typed-FFI Triton call")
+
+    @triton.jit
+    def add_one(x_ptr, y_ptr, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        tl.store(y_ptr + offsets, tl.load(x_ptr + offsets) + 1)
+
+    jt = import_jax_triton()
+    x = jax.ShapeDtypeStruct((16,), jnp.float32)
+    outputs = {"out_type" if is_jax_triton_04() else "out_shape": x}
+    step = jax.jit(lambda x: jt.triton_call(x, kernel=add_one, grid=(1,), BLOCK=16, compute_capability=90, **outputs))
+    monkeypatch.setattr(jax.ffi, "register_ffi_target", lambda *args, **kwargs: None)
+    typed_ffi._register_graph_target.cache_clear()
+    monkeypatch.setenv(typed_ffi.CALL_VARIABLE, "graph")
+    try:
+        text = step.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        typed_ffi._register_graph_target.cache_clear()
+    jax_tritons = typed_ffi.TYPED_FFI_TARGET if is_jax_triton_04() else typed_ffi.LEGACY_TARGET
+    assert text.count(f"stablehlo.custom_call @{jax_tritons}(") == 1
+    assert typed_ffi.GRAPH_TARGET not in text
 
 
 def test_without_the_wrapper_our_calls_stay_legacy():

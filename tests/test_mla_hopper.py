@@ -830,9 +830,20 @@ def test_product_launch_compiles_for_sm90(batch, num_heads, page_size, num_kv_sp
 
 
 def _check_jax_lowering(num_kv_splits) -> None:
-    """``num_kv_splits``: 1 or 2 (fixed), or "device" (the device-side schedule)."""
+    """``num_kv_splits``: 1 or 2 (fixed), "device" (the device-side schedule), "two
+    tokens", "e4m3", or "graph" (the device-side schedule under
+    ``JAX_DECODE_TRITON_CALL=graph``; this runs in a process of its own)."""
+    import os
+
     import jax
     import jax.numpy as jnp
+
+    from jax_decode.backends import typed_ffi
+
+    graph = num_kv_splits == "graph"
+    if graph:
+        os.environ[typed_ffi.CALL_VARIABLE] = "graph"
+        num_kv_splits = "device"
 
     import jax_decode
     from jax_decode.backends import triton as triton_backend
@@ -890,20 +901,19 @@ def _check_jax_lowering(num_kv_splits) -> None:
 
     with jax_decode.compile_target(jax_decode.DeviceInfo(**H200, hopper_kernels=True)):
         text = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    calls = [line for line in text.splitlines() if "custom_call @triton_kernel_call" in line]
+    calls = [line for line in text.splitlines() if "stablehlo.custom_call @" in line]
     # The Gluon stage 1 takes q and the cache twice (latent and rope descriptors); one
     # split writes out and lse itself, more are merged by stage 2; the device-side
     # schedule adds its schedule kernel before stage 1 and merges with its own kernel.
     assert len(calls) == {1: 1, 2: 2, "device": 3, "two tokens": 2, "e4m3": 2}[num_kv_splits], calls
     gluon = calls[1] if num_kv_splits == "device" else calls[0]
     assert "(%arg0, %arg0, %arg1, %arg1, %arg2, %arg3" in gluon, gluon
-    from jax_decode.backends import typed_ffi
-
     if typed_ffi.typed_ffi_registered():  # Gluon and portable launches alike
-        assert all("custom_call @triton_kernel_call_ffi(" in line for line in calls), calls
+        name = typed_ffi.GRAPH_TARGET if graph else typed_ffi.TYPED_FFI_TARGET
+        assert all(f"custom_call @{name}(" in line for line in calls), calls
 
 
-@pytest.mark.parametrize("num_kv_splits", [1, 2, "device", "two tokens", "e4m3"])
+@pytest.mark.parametrize("num_kv_splits", [1, 2, "device", "two tokens", "e4m3", "graph"])
 def test_jax_lowers_the_gluon_stage1_for_sm90(num_kv_splits):
     from jax_decode.backends.gluon_call import jaxlib_tma_missing
     from jax_decode.backends.triton import jax_triton_import_error

@@ -44,6 +44,8 @@ def import_jax_triton():
             os.environ["TRITON_CACHE_DIR"] = saved
     _fix_dce_rule(jax_triton)
     typed_ffi.route_jax_triton_03(jax_triton)
+    ours = frozenset(map(id, kernels.KERNELS.values()))
+    typed_ffi.route_jax_triton_04(jax_triton, lambda kernel: id(kernel) in ours)
     return jax_triton
 
 

@@ -18,17 +18,29 @@ and run them with a jaxlib that has the typed call.
 
 So our launches use the typed call wherever this jaxlib registers it, unless the
 environment variable ``JAX_DECODE_TRITON_CALL=legacy`` asks for the legacy one
-(:func:`typed_chosen`; e.g. to compare them, as ``benchmarks.host_overhead --jax`` does):
+(:func:`typed_chosen`; e.g. to compare them, as ``benchmarks.host_overhead --jax`` does).
+
+``JAX_DECODE_TRITON_CALL=graph`` asks for the typed call under a name of ours,
+:data:`GRAPH_TARGET`: jaxlib's own handler (its stages as jaxlib registers them),
+registered again with the trait that lets XLA trace a custom call into a command buffer
+(a CUDA graph), which jaxlib's registration does not declare.  XLA then may replay a
+jitted program's launches as one graph instead of launching each from the host.  The
+handler can be traced: jaxlib loads the kernel in its initialize stage, before any
+launch, so its execute stage only launches (one ``cuLaunchKernel``, fixed grid, no host
+synchronisation).  It stays a choice until it is measured on a GPU.
+
+Which call is emitted, per kernel line:
 
 * Gluon kernels (:mod:`jax_decode.backends.gluon_call`) are lowered by us and emit it
   directly (:func:`lowering_rule`).
 * Portable kernels go through ``jax_triton.triton_call``.  jax_triton 0.4 emits the
-  typed call itself; for 0.3, whose lowering takes a custom-call target name but
-  always writes API version 2, :func:`route_jax_triton_03` wraps that lowering so a
-  call whose target is ``triton_kernel_call_ffi`` (only ours ask for it) comes out in
-  the typed form: jax_triton compiles the kernel and serializes its call as ever, and
-  the typed call takes that call (as ``opaque``), the same operands and aliases.
-  Calls naming any other target are left as jax_triton lowers them.
+  typed call itself (:func:`route_jax_triton_04` renames our kernels' calls to
+  :data:`GRAPH_TARGET` where that is chosen); for 0.3, whose lowering takes a
+  custom-call target name but always writes API version 2, :func:`route_jax_triton_03`
+  wraps that lowering so a call whose target is a typed one (only ours ask for those)
+  comes out in the typed form: jax_triton compiles the kernel and serializes its call
+  as ever, and the typed call takes that call (as ``opaque``), the same operands and
+  aliases.  Calls naming any other target are left as jax_triton lowers them.
 """
 
 from __future__ import annotations
@@ -41,6 +53,8 @@ from jax.interpreters import mlir
 
 TYPED_FFI_TARGET = "triton_kernel_call_ffi"
 LEGACY_TARGET = "triton_kernel_call"
+# jaxlib's typed handler under our name, declared command-buffer compatible (module docstring).
+GRAPH_TARGET = "jax_decode_triton_call_ffi"
 _TYPED_FFI_API_VERSION = 4
 
 
@@ -57,49 +71,72 @@ def typed_ffi_registered() -> bool:
 
 
 CALL_VARIABLE = "JAX_DECODE_TRITON_CALL"
+CALL_CHOICES = ("typed", "legacy", "graph")
+
+
+def call_choice() -> str:
+    """The environment variable ``JAX_DECODE_TRITON_CALL``: ``typed`` (the default),
+    ``legacy`` or ``graph`` (see the module docstring).  Read when a program is
+    lowered (a jitted function lowered before it changed keeps its calls)."""
+    choice = os.environ.get(CALL_VARIABLE, "typed")
+    if choice not in CALL_CHOICES:
+        raise ValueError(f"{CALL_VARIABLE} must be one of {', '.join(map(repr, CALL_CHOICES))}, got {choice!r}")
+    return choice
 
 
 def typed_chosen() -> bool:
-    """Whether our launches use the typed call: jaxlib has it, and the environment
-    variable ``JAX_DECODE_TRITON_CALL`` is ``typed`` (the default), not ``legacy``.  Read
-    when a program is lowered (a jitted function lowered before it changed keeps its
-    calls).  Under jax_triton 0.4 the portable kernels are always typed: that is
-    jax_triton's own choice."""
-    choice = os.environ.get(CALL_VARIABLE, "typed")
-    if choice not in ("typed", "legacy"):
-        raise ValueError(f"{CALL_VARIABLE} must be 'typed' or 'legacy', got {choice!r}")
-    return choice == "typed" and typed_ffi_registered()
+    """Whether our launches use the typed call (under jaxlib's name or ours): jaxlib has
+    it and :func:`call_choice` is not ``legacy``.  Under jax_triton 0.4 the portable
+    kernels are always typed: that is jax_triton's own choice."""
+    return call_choice() != "legacy" and typed_ffi_registered()
+
+
+@functools.cache
+def _register_graph_target() -> None:
+    """Register jaxlib's typed Triton handler again as :data:`GRAPH_TARGET`, with the
+    command-buffer trait (once per process)."""
+    from jax._src.lib import gpu_triton, xla_client
+
+    stages = gpu_triton._cuda_triton.registrations()[TYPED_FFI_TARGET]
+    jax.ffi.register_ffi_target(
+        GRAPH_TARGET, stages, platform="CUDA", traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE
+    )
 
 
 def target() -> str:
-    """The custom call our own lowerings (the Gluon kernels') emit here."""
-    return TYPED_FFI_TARGET if typed_chosen() else LEGACY_TARGET
+    """The custom call our launches emit here (registering :data:`GRAPH_TARGET` first
+    where it is chosen)."""
+    if not typed_chosen():
+        return LEGACY_TARGET
+    if call_choice() == "graph":
+        _register_graph_target()
+        return GRAPH_TARGET
+    return TYPED_FFI_TARGET
 
 
-def _typed_call(serialized_call: bytes, operand_output_aliases=None):
+def _typed_call(name: str, serialized_call: bytes, operand_output_aliases=None):
     """A lowering rule launching ``serialized_call`` (a compressed ``TritonKernelCall``
-    proto) through the typed-FFI call."""
-    rule = jax.ffi.ffi_lowering(
-        TYPED_FFI_TARGET, api_version=_TYPED_FFI_API_VERSION, operand_output_aliases=operand_output_aliases
-    )
+    proto) through the typed-FFI handler registered as ``name``."""
+    rule = jax.ffi.ffi_lowering(name, api_version=_TYPED_FFI_API_VERSION, operand_output_aliases=operand_output_aliases)
     return functools.partial(rule, opaque=serialized_call)
 
 
 def lowering_rule(serialized_call: bytes):
     """A lowering rule launching ``serialized_call`` through :func:`target`."""
-    if target() == TYPED_FFI_TARGET:
-        return _typed_call(serialized_call)
-    return jax.ffi.ffi_lowering(LEGACY_TARGET, api_version=2, backend_config=serialized_call)
+    name = target()
+    if name == LEGACY_TARGET:
+        return jax.ffi.ffi_lowering(LEGACY_TARGET, api_version=2, backend_config=serialized_call)
+    return _typed_call(name, serialized_call)
 
 
 def jax_triton_03_target(jax_triton) -> str:
-    """The target our jax_triton 0.3 calls name: the typed call where the CUDA lowering
+    """The target our jax_triton 0.3 calls name: :func:`target` where the CUDA lowering
     registered now is :func:`route_jax_triton_03`'s wrapper, else the legacy call (a
     typed target reaching an unwrapped lowering would come out as an API-version-2 call
     that jaxlib has no handler for)."""
     rule = _cuda_lowering(jax_triton.triton_lib.triton_kernel_call_p)
     routed = getattr(rule, "_jax_decode_typed_ffi", False)
-    return TYPED_FFI_TARGET if routed and typed_chosen() else LEGACY_TARGET
+    return target() if routed else LEGACY_TARGET
 
 
 def _cuda_lowering(primitive):
@@ -129,7 +166,7 @@ def route_jax_triton_03(jax_triton) -> bool:
     from jax._src.lib.mlir import ir
 
     def typed_where_asked(ctx, *arrays, custom_call_target_name, **params):
-        if custom_call_target_name != TYPED_FFI_TARGET:
+        if custom_call_target_name not in (TYPED_FFI_TARGET, GRAPH_TARGET):
             return current(ctx, *arrays, custom_call_target_name=custom_call_target_name, **params)
         # jax_triton compiles the kernel and emits the legacy call; the typed call
         # replaces it, taking the same operands and its serialized kernel call.
@@ -137,10 +174,48 @@ def route_jax_triton_03(jax_triton) -> bool:
         op = legacy[0].owner
         op = getattr(op, "operation", op)
         serialized_call = ir.StringAttr(op.attributes["backend_config"]).value_bytes
-        typed = _typed_call(serialized_call, dict(params["input_output_aliases"]))(ctx, *arrays)
+        aliases = dict(params["input_output_aliases"])
+        typed = _typed_call(custom_call_target_name, serialized_call, aliases)(ctx, *arrays)
         op.erase()
         return typed
 
     typed_where_asked._jax_decode_typed_ffi = True
     mlir.register_lowering(primitive, typed_where_asked, platform="cuda")
+    return True
+
+
+def route_jax_triton_04(jax_triton, ours) -> bool:
+    """Under jax_triton 0.4, make the typed calls of kernels for which ``ours(kernel)``
+    holds come out as :data:`GRAPH_TARGET` where :func:`call_choice` is ``graph``:
+    the CUDA lowering registered now is wrapped, and the typed custom calls it adds for
+    such a kernel are renamed (every other call is left as it lowers).  Returns whether
+    the wrapper is in place; no-op for jax_triton 0.3 (:func:`route_jax_triton_03`)."""
+    lib = getattr(jax_triton, "triton_lib", None)
+    primitive = getattr(lib, "triton_kernel_call_p", None)
+    if primitive is None or hasattr(lib, "get_cuda_backend"):
+        return False
+    current = _cuda_lowering(primitive)
+    if current is None:
+        return False
+    if getattr(current, "_jax_decode_graph", False):
+        return True
+    from jax._src.lib.mlir import ir
+
+    def graph_where_asked(ctx, *arrays, fn, **params):
+        if not ours(fn) or call_choice() != "graph":
+            return current(ctx, *arrays, fn=fn, **params)
+        block = ir.InsertionPoint.current.block
+        before = len(block.operations)
+        results = current(ctx, *arrays, fn=fn, **params)
+        name = target()
+        for op in list(block.operations)[before:]:
+            op = getattr(op, "operation", op)
+            if op.name == "stablehlo.custom_call" and ir.StringAttr(op.attributes["call_target_name"]).value == (
+                TYPED_FFI_TARGET
+            ):
+                op.attributes["call_target_name"] = ir.StringAttr.get(name)
+        return results
+
+    graph_where_asked._jax_decode_graph = True
+    mlir.register_lowering(primitive, graph_where_asked, platform="cuda")
     return True
