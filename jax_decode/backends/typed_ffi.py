@@ -148,18 +148,25 @@ def _cuda_lowering(primitive):
     return getattr(entry, "rule", entry)
 
 
+def _jax_tritons_lowering(jax_triton, line: str) -> tuple:
+    """(jax_triton's primitive, the CUDA lowering registered for it now) where
+    ``jax_triton`` is of ``line`` ("0.3" or "0.4"), else (None, None)."""
+    lib = getattr(jax_triton, "triton_lib", None)
+    primitive = getattr(lib, "triton_kernel_call_p", None)
+    # (get_cuda_backend: jax_triton 0.3's; 0.4 has no such function)
+    if primitive is None or hasattr(lib, "get_cuda_backend") != (line == "0.3"):
+        return None, None
+    return primitive, _cuda_lowering(primitive)
+
+
 def route_jax_triton_03(jax_triton) -> bool:
     """Make jax_triton 0.3's CUDA lowering emit the typed-FFI form for calls that name
     :data:`TYPED_FFI_TARGET` (see the module docstring).  The rule registered at the
     time is wrapped (jax_triton's own, or one a user put in its place), and every other
     call goes to it unchanged.  Returns whether the wrapper is in place; no-op for
     jax_triton 0.4 (which emits the typed call itself) and where jaxlib has no typed call."""
-    lib = getattr(jax_triton, "triton_lib", None)
-    primitive = getattr(lib, "triton_kernel_call_p", None)
-    if primitive is None or not hasattr(lib, "get_cuda_backend") or not typed_ffi_registered():
-        return False  # (get_cuda_backend: jax_triton 0.3's; 0.4 has no such function)
-    current = _cuda_lowering(primitive)
-    if current is None:
+    primitive, current = _jax_tritons_lowering(jax_triton, line="0.3")
+    if current is None or not typed_ffi_registered():
         return False
     if getattr(current, "_jax_decode_typed_ffi", False):
         return True
@@ -190,11 +197,7 @@ def route_jax_triton_04(jax_triton, ours) -> bool:
     the CUDA lowering registered now is wrapped, and the typed custom calls it adds for
     such a kernel are renamed (every other call is left as it lowers).  Returns whether
     the wrapper is in place; no-op for jax_triton 0.3 (:func:`route_jax_triton_03`)."""
-    lib = getattr(jax_triton, "triton_lib", None)
-    primitive = getattr(lib, "triton_kernel_call_p", None)
-    if primitive is None or hasattr(lib, "get_cuda_backend"):
-        return False
-    current = _cuda_lowering(primitive)
+    primitive, current = _jax_tritons_lowering(jax_triton, line="0.4")
     if current is None:
         return False
     if getattr(current, "_jax_decode_graph", False):
