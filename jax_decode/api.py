@@ -20,7 +20,7 @@ import jax.custom_batching
 import jax.numpy as jnp
 import numpy as np
 
-from jax_decode.arrays import JAX, without_gradient
+from jax_decode.arrays import JAX, as_traced, without_gradient
 from jax_decode.backends import Backend, check_backend, dispatch
 from jax_decode.backends import interpret as interpret_backend
 from jax_decode.backends import triton as triton_backend
@@ -104,7 +104,7 @@ def decode_attention(
     check_backend(backend)
     check_flag("return_lse", return_lse)
     check_flag("check_inputs", check_inputs)
-    given = DecodeOperands(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks)
+    given = DecodeOperands(*as_traced(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks))
     options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
     out, lse = _decode(given, options, backend, check_inputs)
     return (out, lse) if return_lse else out
@@ -244,6 +244,7 @@ def merge_attention_states(
     float32)``, equal to attention over both parts' keys; exact for an empty part
     (``lse = -inf``).
     """
+    out_a, lse_a, out_b, lse_b = as_traced(out_a, lse_a, out_b, lse_b)
     check_merge_args(out_a, lse_a, out_b, lse_b)
     out, lse = merge_states(jnp, lambda x: x.astype(jnp.float32), out_a, lse_a, out_b, lse_b)
     return out.astype(out_a.dtype), lse.astype(jnp.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_decode.validation import ANY_ARRAY
 
@@ -36,6 +37,14 @@ class JaxFrontend:
 
 
 JAX = JaxFrontend()
+
+
+def as_traced(*arrays):
+    """The arrays as ``jax.jit`` hands them to the function it wraps: a NumPy array becomes
+    a JAX array of JAX's canonical dtype (int64 -> int32 and float64 -> float32 unless x64
+    is on), anything else stays as it is.  So an eager call accepts, or refuses, what its
+    jitted twin does (a NumPy int64 page table is int32 by the time jit traces it)."""
+    return tuple(jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in arrays)
 
 
 def without_gradient(fn, what: str):

@@ -8,7 +8,7 @@ first (correct, but a full cache write per step).
 
 from __future__ import annotations
 
-from jax_decode.arrays import JAX, without_gradient
+from jax_decode.arrays import JAX, as_traced, without_gradient
 from jax_decode.backends import check_backend, dispatch
 from jax_decode.backends import interpret as interpret_backend
 from jax_decode.backends import triton as triton_backend
@@ -37,6 +37,9 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, k_scale=None, v_sc
     Returns ``(k_cache, v_cache)`` updated (v_cache None when it was None).
     """
     check_backend(backend)
+    k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale = as_traced(
+        k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale
+    )
     k, v = prepare_write(k_cache, v_cache, k_new, v_new, slot_mapping, k_scale, v_scale, JAX)
     return _write_one(*k, backend), None if v is None else _write_one(*v, backend)
 

@@ -18,10 +18,11 @@ reads the operands' shardings and returns the per-device computation):
 * **write_kv**: caches sharded on ``num_kv_heads`` and/or ``num_pages``; each device
   writes the slots it holds (the slot mapping holds global slots), in place.
 
-Any other sharding that touches a cache (a head dim, a page's slots, KV heads split
-unlike the query heads) raises :class:`ShardingError`: meeting it would mean moving the
-cache.  One of a small operand (q's head dim, the page table's width, a write's tokens)
-is replaced by what the kernels need, with a warning.  Inside ``shard_map``, and on
+Any other sharding that touches a cache (a head dim, a page's slots) raises
+:class:`ShardingError`: meeting it would mean moving the cache.  One of a small operand
+(q's head dim, q's heads split unlike the caches' KV heads, the page table's width, a
+write's tokens, a batch the mesh does not divide) is replaced by what the kernels need,
+with a warning.  Inside ``shard_map``, and on
 one device, the kernels run directly on what they are given.
 """
 
@@ -44,16 +45,19 @@ from jax_decode.operands import DecodeOperands, WriteOperands
 # Each operand's dimensions as the sharding rules name them: b batch, k KV heads, g query
 # heads per KV head (q's heads are "(k g)"), d / e the q.k / v widths, p pages, s a
 # page's slots, m the page table's width, t a write's tokens, and q's query tokens per
-# row (multi-token decode: "b t (k g) d", never split).
+# row (multi-token decode: "b t (k g) d", never split).  The caches' widths are factors
+# of their own (kd, vd, cd), not q's, out's or a write's: a factor two operands share is
+# one the partitioner carries from one to the other, and a sharding of q's head dim
+# carried to a cache would be refused as moving it.
 _DECODE_FACTORS = {
     "q": "b (k g) d",
-    "k_cache": "p s k d",
-    "v_cache": "p s k e",
+    "k_cache": "p s k kd",
+    "v_cache": "p s k vd",
     "page_table": "b m",
     "seq_lens": "b",
     "sinks": "(k g)",
 }
-_WRITE_FACTORS = {"cache": "p s k d", "new": "t k d", "slot_mapping": "t"}
+_WRITE_FACTORS = {"cache": "p s k cd", "new": "t k d", "slot_mapping": "t"}
 
 
 class ShardingError(ValueError):
@@ -160,10 +164,12 @@ def _check_cache(name: str, dims: tuple[tuple[str, ...], ...]) -> None:
             )
 
 
-def _warn_resharded(op: str, name: str, factors: str, dims, split: Split) -> None:
+def _warn_resharded(op: str, name: str, factors: str, dims, split: Split, told: tuple[str, ...] = ()) -> None:
+    """Warn of each dimension of ``name`` whose sharding ``split`` replaces (but of the
+    factors in ``told``, whose warning was given already)."""
     wanted = split.spec(factors)
     for got, want, factor in zip(dims, wanted, _split_factors(factors), strict=True):
-        if got and got != _axes(want):
+        if got and got != _axes(want) and factor not in told:
             warnings.warn(
                 f"{op}: {name}'s '{factor}' dimension is sharded over {got}, which the kernels cannot use; it is "
                 f"resharded to {_axes(want) or 'replicated'} (a small array, not a cache)",
@@ -202,14 +208,22 @@ def plan_decode(mesh, dims: dict[str, tuple], problem: DecodeProblem) -> Split:
         # Query heads split finer than KV heads must split single KV heads' groups evenly.
         heads = kv_heads
     batch = tuple(a for a in batch if a not in heads and a not in pages)
+    told = ()
     if problem.batch % _size(mesh, batch):
-        batch = ()
+        warnings.warn(
+            f"decode_attention: the batch of {problem.batch} rows does not divide over {batch} "
+            f"({_size(mesh, batch)} devices), so this call is computed whole on every device (q, the page table and "
+            "the lengths are gathered): the results are right, but it has no data parallelism; give it a batch the "
+            "mesh divides",
+            stacklevel=2,
+        )
+        batch, told = (), ("b",)
     split = Split(batch=batch, heads=heads, kv_heads=kv_heads, pages=pages)
     for name, factors in _DECODE_FACTORS.items():
         if name == "q" and problem.token_axis:
             factors = "b t (k g) d"  # the token axis: never split
         if name in dims and name not in ("k_cache", "v_cache"):
-            _warn_resharded("decode_attention", name, factors, dims[name], split)
+            _warn_resharded("decode_attention", name, factors, dims[name], split, told)
     return split
 
 
@@ -363,7 +377,7 @@ def sharded_write(ops: WriteOperands, problem: WriteProblem, compute: Callable, 
     partitioned = custom_partitioning(whole)
     partitioned.def_partition(
         partition=partition,
-        sharding_rule=", ".join(factors[n] for n in names) + " -> p s k d",
+        sharding_rule=", ".join(factors[n] for n in names) + f" -> {factors['cache']}",
         need_replication_factors=("t",),
     )
     return partitioned(*(getattr(ops, n) for n in names))

@@ -326,3 +326,36 @@ def test_write_kv_cache_past_int32_slots_is_refused():
 def test_bool_options_must_be_bools(flag):
     with pytest.raises(TypeError, match=rf"{flag} must be a Python bool, got str"):
         trace({flag: "no"})
+
+
+def _numpy_call(fn, x64: bool):
+    """decode_attention, write_kv and merge_attention_states on NumPy inputs of NumPy's
+    default dtypes (int64 indices, float64 values), through ``fn`` (identity or jax.jit)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    q, cache = rng.standard_normal((B, H, D)), rng.standard_normal((PAGES, PAGE, KV, D))
+    page_table, seq_lens = np.arange(B * MAX_PAGES).reshape(B, MAX_PAGES) % PAGES, np.array([5, 12])
+    decode = fn(lambda *a: jax_decode.decode_attention(*a, backend="xla", return_lse=True))
+    write = fn(lambda *a: jax_decode.write_kv(*a, backend="xla"))
+    merge = fn(jax_decode.merge_attention_states)
+    with jax.enable_x64(x64):
+        out, lse = decode(q, cache, cache, page_table, seq_lens)
+        k, _ = write(cache, cache, q[:, :KV], q[:, :KV], np.array([0, 7]))
+        merged, _ = merge(np.asarray(out), np.asarray(lse), np.asarray(out), np.asarray(lse))
+    return out, k, merged
+
+
+def test_numpy_inputs_are_taken_as_jit_takes_them():
+    """jax.jit hands a jitted function NumPy int64 indices as int32 and float64 values as
+    float32 (without x64): the eager call takes them the same way, with the same results;
+    with x64 on, both refuse the float64 q alike."""
+    import numpy as np
+
+    eager, jitted = _numpy_call(lambda f: f, x64=False), _numpy_call(jax.jit, x64=False)
+    for a, b in zip(eager, jitted, strict=True):
+        assert a.dtype == b.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+    for fn in (lambda f: f, jax.jit):
+        with pytest.raises(TypeError, match="q dtype must be one of float16, bfloat16, float32, got float64"):
+            _numpy_call(fn, x64=True)

@@ -200,6 +200,40 @@ def test_a_small_operand_split_the_kernels_cannot_use_is_resharded_with_a_warnin
     assert _moved(compiled), "q was gathered, and only q"
 
 
+def test_a_head_dim_split_of_q_is_resharded_when_xla_places_the_caches():
+    """Caches the user did not place (XLA chooses their sharding): q's head-dim split is
+    resharded with a warning, as with replicated caches, and does not reach the caches
+    through the partitioner's propagation (where it would be refused as moving them)."""
+    problem = _problem(sinks=False)
+    mesh = _mesh((4,), ("tp",))
+    q = jax.device_put(jnp.asarray(problem.q), NamedSharding(mesh, P(None, None, "tp")))
+    rest = tuple(jnp.asarray(a) for a in problem.arrays[1:])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = jax.jit(lambda *a: jax_decode.decode_attention(*a, backend="xla"))(q, *rest)
+    assert any("q's 'd' dimension is sharded over ('tp',)" in str(w.message) for w in caught)
+    expected, _ = decode_attention_reference(*problem.arrays)
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected, **OUT_TOL["float32"])
+
+
+def test_a_head_dim_split_of_the_new_rows_is_resharded_when_xla_places_the_cache():
+    """write_kv's new rows split on their head dim, the caches placed by XLA: the rows
+    are resharded, the caches written whole."""
+    cache, new, slots = _write_problem()
+    mesh = _mesh((4,), ("x",))
+    new = jax.device_put(jnp.asarray(new), NamedSharding(mesh, P(None, None, "x")))
+    step = jax.jit(lambda *a: jax_decode.write_kv(*a, backend="xla"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        k_out, _ = step(jnp.asarray(cache), jnp.asarray(cache), new, new, jnp.asarray(slots))
+    assert any("new's 'd' dimension is sharded over ('x',)" in str(w.message) for w in caught)
+    expected = cache.reshape(64, 4, 8).copy()
+    for token, slot in enumerate(slots):
+        if 0 <= slot < 64:
+            expected[slot] = np.asarray(new)[token]
+    np.testing.assert_array_equal(np.asarray(k_out), expected.reshape(cache.shape))
+
+
 def test_the_interpreter_under_partitioning_says_what_to_do():
     mesh = _mesh((2,), ("tp",))
     heads = dict(q=P(None, "tp"), k_cache=P(None, None, "tp"), v_cache=P(None, None, "tp"))
@@ -360,10 +394,16 @@ def test_a_batch_that_does_not_divide_evenly(n, batch):
         q, pt, sl = (jax.lax.with_sharding_constraint(x, spec) for x in (q, pt, sl))
         return jax_decode.decode_attention(q, k, v, pt, sl, return_lse=True, backend="xla")
 
-    out, lse = step(*map(jnp.asarray, problem.arrays))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, lse = step(*map(jnp.asarray, problem.arrays))
     expected_out, expected_lse = decode_attention_reference(*problem.arrays)
     np.testing.assert_allclose(np.asarray(out, np.float64), expected_out, **OUT_TOL["float32"])
     np.testing.assert_allclose(np.asarray(lse, np.float64), expected_lse, **LSE_TOL)
+    said = [str(w.message) for w in caught if "decode_attention" in str(w.message)]
+    assert said == [f"decode_attention: the batch of {batch} rows does not divide over ('dp',) ({n} devices), so this "
+                    "call is computed whole on every device (q, the page table and the lengths are gathered): the "
+                    "results are right, but it has no data parallelism; give it a batch the mesh divides"]  # fmt: skip
 
 
 @pytest.mark.parametrize(("n", "num_pages", "kv_heads", "spec"), [(4, 17, 2, P("sp")), (8, 61, 2, P("sp")),
