@@ -25,7 +25,7 @@ from jax_decode.backends import Backend, check_backend, dispatch
 from jax_decode.backends import interpret as interpret_backend
 from jax_decode.backends import triton as triton_backend
 from jax_decode.backends import xla as xla_backend
-from jax_decode.launch import DeviceInfo, make_launch_config
+from jax_decode.launch import MAX_BATCH, DeviceInfo, make_launch_config
 from jax_decode.merge import check_merge_args, merge_states
 from jax_decode.operands import ROW_OPERANDS, DecodeOperands
 from jax_decode.prepare import DecodeOptions, prepare_decode
@@ -137,6 +137,14 @@ def _decode(given: DecodeOperands, options: DecodeOptions, backend: str, check_i
                 "cache; k_cache and v_cache must not be mapped, nor k_scale, v_scale or sinks (give them in_axes=None)"
             )
         full = unflatten(arrays, None)
+        # Rows per mapped element, explicitly: an axis of size 0 leaves nothing to infer -1 from.
+        batch = full.q.shape[1] if batched.q else full.q.shape[0]
+        if axis_size * batch > MAX_BATCH:
+            raise ValueError(
+                f"jax.vmap of decode_attention folds the mapped axis into the batch: {axis_size} mapped elements of "
+                f"{batch} rows make {axis_size * batch} rows, more than the {MAX_BATCH} one call takes (the CUDA grid "
+                "limit of stage 1's batch axis); map fewer elements at a time (e.g. jax.lax.map over chunks)"
+            )
 
         def folded(name):
             x = getattr(full, name)
@@ -145,8 +153,6 @@ def _decode(given: DecodeOperands, options: DecodeOptions, backend: str, check_i
 
         rows = full._replace(**{name: folded(name) for name in ROW_OPERANDS})
         out, lse = _decode(rows, options, backend)
-        # Rows per mapped element, explicitly: an axis of size 0 leaves nothing to infer -1 from.
-        batch = full.q.shape[1] if batched.q else full.q.shape[0]
         out = out.reshape(axis_size, batch, *out.shape[1:])
         lse = lse.reshape(axis_size, batch, *lse.shape[1:])
         return (out, lse), (True, True)

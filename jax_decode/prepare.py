@@ -73,7 +73,8 @@ def float_input(name: str, value: Any, frontend: Frontend, like: Any, *, scalar_
         check_scale_value(name, value)
         return frontend.scalar(float(value), like)
     if not _is_array(value, frontend):
-        raise TypeError(f"{name} must be {frontend.array_kind}, a float or None, got {type(value).__name__}")
+        kinds = f"{frontend.array_kind}, a float or None" if scalar_ok else f"{frontend.array_kind} or None"
+        raise TypeError(f"{name} must be {kinds}, got {type(value).__name__}")
     return value
 
 

@@ -102,6 +102,34 @@ def test_vllm_drop_in_checked_mode():
         torch_bridge.decode_attention_fwd(q, k, v, o, pt, sl, logits, 2, 0.125, 16, check_inputs=True)
 
 
+def _vllm_checked(q, k, v, pt, sl):
+    o = torch.empty(4, 8, 64, device=q.device)
+    logits = torch.empty(4, 8, 2, 65, device=q.device)
+    torch_bridge.decode_attention_fwd(q, k, v, o, pt, sl, logits, 2, 0.125, 16, check_inputs=True)
+    return o
+
+
+def _checked(q, k, v, pt, sl):
+    return torch_bridge.decode_attention(q, k, v, pt, sl, check_inputs=True)
+
+
+@pytest.mark.parametrize("entry", [_checked, _vllm_checked], ids=["decode_attention", "decode_attention_fwd"])
+def test_torch_checked_mode_under_torch_compile_runs_eagerly(entry):
+    """Under torch.compile the checked call runs eagerly (a graph break: the check needs
+    the index values on the host): the same result as eager on good values, the same
+    ValueError on bad ones; fullgraph=True refuses the break, saying why."""
+    torch._dynamo.reset()
+    good = [to_tensor(a, DEVICE) for a in _problem().arrays]
+    compiled = torch.compile(entry, backend="aot_eager")
+    torch.testing.assert_close(compiled(*good), entry(*good), rtol=0, atol=0)
+    break_it, message = BAD_VALUES["negative_page"]
+    with pytest.raises(ValueError, match=message):
+        compiled(*[to_tensor(a, DEVICE) for a in _problem(break_it).arrays])
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="check_inputs=True copies page tables to the host: it runs eagerly"):
+        torch.compile(entry, backend="aot_eager", fullgraph=True)(*good)
+
+
 def test_checked_mode_accepts_padding_and_changes_nothing():
     problem = _problem()
     arrays = device_arrays(problem)

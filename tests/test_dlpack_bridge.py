@@ -116,3 +116,23 @@ def test_jax_function_runs_decode_attention_on_tensors():
     expected, expected_lse = jax_decode.decode_attention_reference(*problem.arrays, logit_cap=10.0)
     np.testing.assert_allclose(to_float64(out), expected, atol=2e-5, rtol=2e-5)
     np.testing.assert_allclose(to_float64(lse), expected_lse, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda a: a.t(),  # transposed
+        lambda a: a[:, ::2],  # strided
+        lambda a: a[:1].expand(4, 6),  # stride 0
+        lambda a: a._neg_view(),  # lazily negated
+        lambda a: a[1:],  # a row slice (off JAX's alignment on the CPU)
+    ],
+    ids=["transposed", "strided", "expanded", "negated", "row_slice"],
+)
+def test_jax_function_copies_what_to_jax_refuses(view):
+    """jax_function's arguments are read, never written through: one that cannot be
+    shared (to_jax refuses it) is copied, with its values as torch sees them."""
+    a = torch.arange(24, dtype=torch.float32, device=DEVICE).reshape(4, 6)
+    double = torch_bridge.jax_function(lambda x: x * 2)
+    arg = view(a)
+    torch.testing.assert_close(double(arg), arg * 2, rtol=0, atol=0)

@@ -139,6 +139,7 @@ CASES = [
         False,
     ),
     ("sinks_number", {}, dict(sinks=0.5), TypeError, "sinks must be an array of shape (num_heads,), got a float", True),
+    ("sinks_list", {}, dict(sinks=[0.5] * H), TypeError, "sinks must be {array} or None, got list", True),
     (
         "num_kv_splits_zero",
         {},

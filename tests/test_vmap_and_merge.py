@@ -88,6 +88,19 @@ def test_vmap_over_the_cache_is_refused():
         mapped_cache(jnp.stack([k, k]))
 
 
+def test_vmap_past_the_batch_limit_says_the_mapped_axis_folded_into_it():
+    """Mapped elements of rows one call each could take, too many together: the message
+    says the mapped axis joined the batch, not a batch the caller never passed."""
+    sds = jax.ShapeDtypeStruct
+    q, k = sds((2, 40000, 4, 16), jnp.float32), sds((4, 4, 2, 16), jnp.float32)
+    pt, sl = sds((2, 40000, 1), jnp.int32), sds((2, 40000), jnp.int32)
+    mapped = jax.vmap(lambda q, pt, sl: jax_decode.decode_attention(q, k_cache, k_cache, pt, sl, backend="xla"))
+    k_cache = jnp.zeros(k.shape, k.dtype)
+    with pytest.raises(ValueError, match=r"folds the mapped axis into the batch: 2 mapped elements of 40000 rows make "
+                                         r"80000 rows, more than the 65535 one call takes"):  # fmt: skip
+        jax.jit(mapped).trace(q, pt, sl)
+
+
 def _split_problem():
     """One row set whose pages are split into a 'prefix' part and a 'suffix' part."""
     problem = make_paged_problem(

@@ -28,8 +28,9 @@ def to_jax(tensor: torch.Tensor, *, copy: bool = False) -> jax.Array:
 
 
 def _to_jax(tensor: torch.Tensor, copy: bool, must_share: bool) -> jax.Array:
-    """to_jax; ``must_share=False`` lets JAX copy a tensor it cannot take as it is
-    (``copy=True`` copies anyway)."""
+    """to_jax; ``must_share=False`` copies a tensor that cannot be shared as it is (a
+    non-contiguous, negated or conjugated view; one JAX would copy itself) instead of
+    refusing it (``copy=True`` copies anyway)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype in _WIDE and not jax.config.jax_enable_x64:
@@ -41,7 +42,7 @@ def _to_jax(tensor: torch.Tensor, copy: bool, must_share: bool) -> jax.Array:
     if tensor.is_neg() or tensor.is_conj():
         # A lazy negation or conjugation lives in the tensor's flags, not its memory:
         # shared as stored, the values would arrive with the wrong sign.
-        if not copy:
+        if must_share and not copy:
             raise ValueError(
                 "tensor is a lazily negated or conjugated view (is_neg() / is_conj()): its memory holds other "
                 "values, so it cannot be shared with JAX without a copy; pass copy=True or call .resolve_neg() / "
@@ -49,7 +50,7 @@ def _to_jax(tensor: torch.Tensor, copy: bool, must_share: bool) -> jax.Array:
             )
         tensor = tensor.resolve_neg().resolve_conj()
     if not tensor.is_contiguous():
-        if not copy:
+        if must_share and not copy:
             raise ValueError(
                 f"tensor with shape {tuple(tensor.shape)} and strides {tuple(tensor.stride())} is not contiguous, "
                 "so it cannot be shared with JAX without a copy; pass copy=True or call .contiguous()"

@@ -169,10 +169,11 @@ def _launch_config(problem, device: DeviceInfo, num_kv_splits: int | None) -> La
     return make_launch_config(problem, device, num_kv_splits)
 
 
-def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: LaunchConfig | None) -> None:
-    """check_inputs=True: the shared run-time rule on host copies of the index tensors."""
-    if torch.compiler.is_compiling() or config is None:
-        raise ValueError("check_inputs=True copies page tables to the host: call it eagerly, not under torch.compile")
+def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: LaunchConfig) -> None:
+    """check_inputs=True: the shared run-time rule on host copies of the index tensors
+    (eagerly: under torch.compile the entry points run it through _checked_eagerly)."""
+    if torch.compiler.is_compiling():
+        raise ValueError(_EAGER_CHECK)
     p = config.problem
     check_index_values(
         page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size,
@@ -501,9 +502,17 @@ def _traced_scale(name: str, value) -> tuple[torch.Tensor | None, float | None]:
     raise TypeError(f"{name} must be {TENSOR}, a float or None, got {type(value).__name__}")
 
 
-def _traced(check_inputs: bool, page_table, seq_lens) -> None:
-    if check_inputs:
-        _check_values(page_table, seq_lens, None)  # (refuses: it needs the values on the host)
+_EAGER_CHECK = (
+    "check_inputs=True copies page tables to the host: it runs eagerly, a graph break under torch.compile, which "
+    "fullgraph=True refuses; call it eagerly"
+)
+
+
+@torch.compiler.disable(reason=_EAGER_CHECK)
+def _checked_eagerly(run, *args) -> None:
+    """``run(*args)`` (an entry point's eager path with check_inputs=True) outside the
+    graph: the check needs the index values on the host."""
+    return run(*args)
 
 
 def _traced_tensors(named: dict) -> None:
@@ -555,16 +564,16 @@ def decode_attention(
     check_flag("return_lse", return_lse)
     check_flag("check_inputs", check_inputs)
     options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
-    if not torch.compiler.is_compiling():
-        out, lse = _run_decode(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, out, None,
-                               return_lse, check_inputs, schedule)  # fmt: skip
+    if not torch.compiler.is_compiling() or check_inputs:
+        run = _run_decode if not torch.compiler.is_compiling() else functools.partial(_checked_eagerly, _run_decode)
+        out, lse = run(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, out, None,
+                       return_lse, check_inputs, schedule)  # fmt: skip
         return (out, lse) if return_lse else out
     # Tracing: what the op's schema needs; the op runs _run_decode when the graph runs
     # (computing its own schedule: a schedule= is not taken here, see the docstring, but
     # one of another type is refused as eagerly).
     if schedule is not None:
         _check_schedule_type(schedule)
-    _traced(check_inputs, page_table, seq_lens)
     arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, seq_lens=seq_lens, out=out)
     check_arrays(arrays, optional=("v_cache", "out"), array_type=torch.Tensor, array_kind=TENSOR)
     check_option_types(**options._asdict())
@@ -654,12 +663,13 @@ def decode_attention_fwd(
     ``[batch, num_heads, num_kv_splits, head_dim_v + 1]`` is the scratch.
     """
     check_flag("check_inputs", check_inputs)
-    if not torch.compiler.is_compiling():
-        _run_decode_fwd(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale,
-                        page_size, logit_cap, k_scale, v_scale, check_inputs)  # fmt: skip
+    if not torch.compiler.is_compiling() or check_inputs:
+        run = _run_decode_fwd if not torch.compiler.is_compiling() else functools.partial(_checked_eagerly,
+                                                                                          _run_decode_fwd)  # fmt: skip
+        run(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size,
+            logit_cap, k_scale, v_scale, check_inputs)  # fmt: skip
         return
     # Tracing: what the op's schema needs; the op runs _run_decode_fwd when the graph runs.
-    _traced(check_inputs, req_to_token, b_seq_len)
     if num_kv_splits is None:
         raise TypeError("num_kv_splits must be an int (the split count attn_logits holds), got None")
     check_arrays(dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token, b_seq_len=b_seq_len,
