@@ -508,11 +508,16 @@ _EAGER_CHECK = (
 )
 
 
-@torch.compiler.disable(reason=_EAGER_CHECK)
 def _checked_eagerly(run, *args) -> None:
     """``run(*args)`` (an entry point's eager path with check_inputs=True) outside the
     graph: the check needs the index values on the host."""
     return run(*args)
+
+
+try:  # (the reason is shown where fullgraph=True refuses the break; torch before 2.8 takes none)
+    _checked_eagerly = torch.compiler.disable(_checked_eagerly, reason=_EAGER_CHECK)
+except TypeError:
+    _checked_eagerly = torch.compiler.disable(_checked_eagerly)
 
 
 def _traced_tensors(named: dict) -> None:
