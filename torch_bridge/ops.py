@@ -171,9 +171,7 @@ def _launch_config(problem, device: DeviceInfo, num_kv_splits: int | None) -> La
 
 def _check_values(page_table: torch.Tensor, seq_lens: torch.Tensor, config: LaunchConfig) -> None:
     """check_inputs=True: the shared run-time rule on host copies of the index tensors
-    (eagerly: under torch.compile the entry points run it through _checked_eagerly)."""
-    if torch.compiler.is_compiling():
-        raise ValueError(_EAGER_CHECK)
+    (always eagerly: under torch.compile the entry points run it through _checked_eagerly)."""
     p = config.problem
     check_index_values(
         page_table.cpu().numpy(), seq_lens.cpu().numpy(), num_pages=p.num_pages, page_size=p.page_size,
@@ -514,6 +512,12 @@ def _checked_eagerly(run, *args) -> None:
     return run(*args)
 
 
+def _eager_path(run, compiling: bool):
+    """An entry point's eager path ``run``: itself, or while torch.compile traces (a
+    check_inputs=True call) the same run outside the graph."""
+    return functools.partial(_checked_eagerly, run) if compiling else run
+
+
 try:  # (the reason is shown where fullgraph=True refuses the break; torch before 2.8 takes none)
     _checked_eagerly = torch.compiler.disable(_checked_eagerly, reason=_EAGER_CHECK)
 except TypeError:
@@ -569,8 +573,9 @@ def decode_attention(
     check_flag("return_lse", return_lse)
     check_flag("check_inputs", check_inputs)
     options = DecodeOptions(head_dim_v, sm_scale, logit_cap, window_left, num_kv_splits)
-    if not torch.compiler.is_compiling() or check_inputs:
-        run = _run_decode if not torch.compiler.is_compiling() else functools.partial(_checked_eagerly, _run_decode)
+    compiling = torch.compiler.is_compiling()
+    if not compiling or check_inputs:
+        run = _eager_path(_run_decode, compiling)
         out, lse = run(q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, sinks, options, out, None,
                        return_lse, check_inputs, schedule)  # fmt: skip
         return (out, lse) if return_lse else out
@@ -668,9 +673,9 @@ def decode_attention_fwd(
     ``[batch, num_heads, num_kv_splits, head_dim_v + 1]`` is the scratch.
     """
     check_flag("check_inputs", check_inputs)
-    if not torch.compiler.is_compiling() or check_inputs:
-        run = _run_decode_fwd if not torch.compiler.is_compiling() else functools.partial(_checked_eagerly,
-                                                                                          _run_decode_fwd)  # fmt: skip
+    compiling = torch.compiler.is_compiling()
+    if not compiling or check_inputs:
+        run = _eager_path(_run_decode_fwd, compiling)
         run(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale, page_size,
             logit_cap, k_scale, v_scale, check_inputs)  # fmt: skip
         return
